@@ -1,0 +1,151 @@
+#include "autograd/node.h"
+
+#include <atomic>
+
+#include "autograd/function.h"
+#include "core/view.h"
+
+namespace mt::autograd {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+
+// Tensor::requires_grad_ for factories (core/ calls it through its opaque hook).
+const bool g_hook_installed = [] {
+  detail::set_requires_grad_hook([](Tensor& t) { t.requires_grad_(true); });
+  return true;
+}();
+}  // namespace
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+// Graph teardown without recursion: a node hands its children to a thread-local
+// work list, and only the outermost destructor drains it. Saved tensors hold no
+// nodes (Note [Saved tensors hold no history]), so next_edges is the only path.
+Node::~Node() {
+  thread_local std::vector<std::shared_ptr<Node>> pending;
+  thread_local bool draining = false;
+  for (Edge& e : next_edges) {
+    if (e.fn) pending.push_back(std::move(e.fn));
+  }
+  next_edges.clear();
+  if (draining) return;
+  draining = true;
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    n.reset();  // may run ~Node, which only appends to `pending`
+  }
+  draining = false;
+}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd_meta = nullptr;  // data only: no history (see node.h)
+  data_ = Tensor(std::move(impl));
+  version_ = t.version();
+}
+
+Tensor SavedTensor::unpack(const Node& owner) const {
+  MT_CHECK(!owner.released, "backward: trying to backward through the graph a second time: ", owner.name(),
+           " has already freed its saved tensors; pass retain_graph=true to the first backward()");
+  MT_CHECK(data_.defined(), "backward: ", owner.name(), " reads a tensor that was never saved (an internal error)");
+  MT_CHECK(data_.version() == version_, "backward: a tensor saved by ", owner.name(),
+           " for its gradient was modified in place afterwards (version ", version_, " at save, ", data_.version(),
+           " now); clone it before the in-place op");
+  return data_;
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
+  Tensor leaf(leaf_);
+  AutogradMeta& m = meta(leaf);
+  Tensor grad = std::move(grad_outputs.at(0));
+  for (const auto& hook : m.leaf_hooks) {
+    Tensor replaced = hook(grad);
+    if (replaced.defined()) grad = std::move(replaced);
+  }
+  if (grad.dtype() != leaf.dtype()) grad = raw::to(grad, leaf.dtype());  // accumulate in the leaf's dtype
+  if (!m.grad.defined()) {
+    // Own the gradient: the incoming tensor may alias another buffer of the graph.
+    m.grad = raw::clone(grad);
+  } else {
+    raw::accumulate_(m.grad, grad);
+  }
+  for (const auto& hook : m.post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+AutogradMeta& meta(const Tensor& t) {
+  MT_CHECK(t.defined(), "autograd: operation on an undefined tensor");
+  auto& slot = t.impl()->autograd_meta;
+  if (!slot) slot = std::make_shared<AutogradMeta>();
+  return *slot;
+}
+
+AutogradMeta* meta_if_exists(const Tensor& t) { return t.defined() ? t.impl()->autograd_meta.get() : nullptr; }
+
+// ---- recording ----
+
+bool requires_grad(const Tensor& t) {
+  const AutogradMeta* m = meta_if_exists(t);
+  return m != nullptr && m->requires_grad;
+}
+
+bool needs_grad(std::initializer_list<Tensor> inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (requires_grad(t)) return true;
+  }
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (requires_grad(t)) return true;
+  }
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = meta_if_exists(t);
+  if (m == nullptr || !m->requires_grad) return Edge{};
+  if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
+  std::shared_ptr<AccumulateGrad> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m->grad_accumulator = acc;
+  }
+  return Edge{acc, 0};
+}
+
+void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  node->next_edges.clear();
+  node->input_meta.clear();
+  for (const Tensor& in : inputs) {
+    node->next_edges.push_back(in.defined() ? gradient_edge(in) : Edge{});
+    node->input_meta.push_back(in.defined() ? TensorMeta::of(in) : TensorMeta{});
+    if (in.defined() && in.is_cuda() && !node->has_stream) {
+      node->has_stream = true;
+      node->stream = cuda::current_stream(in.device().index);
+    }
+  }
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    AutogradMeta& m = meta(out);
+    MT_INTERNAL_ASSERT(!m.grad_fn, "record: output already has history");
+    m.requires_grad = true;
+    m.grad_fn = node;
+    m.output_nr = i;
+    node->output_meta.push_back(TensorMeta::of(out));
+  }
+}
+
+std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) { return fn_(grad_outputs, *this); }
+
+void LambdaNode::release_saved() {
+  for (SavedTensor& s : saved) s.reset();
+}
+
+}  // namespace mt::autograd

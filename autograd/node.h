@@ -1,0 +1,114 @@
+// The backward graph. The forward records, for every op output that needs a
+// gradient, a Node whose apply() maps the gradients of the op's outputs to the
+// gradients of its inputs. Edges point from a node to the nodes that produced
+// its inputs (or to a leaf's AccumulateGrad).
+//
+// Note [Saved tensors hold no history]
+// A node saves the data its formula needs as a SavedTensor: a detached alias
+// plus the version at save time. It never holds another node through a saved
+// tensor, so the only ownership in the graph is node -> next_edges, which the
+// destructor unwinds without recursion (a 100k-op chain is freed safely), and an
+// in-place write to saved data is caught at backward time instead of silently
+// giving wrong gradients.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cuda_context.h"
+#include "core/tensor.h"
+
+namespace mt::autograd {
+
+class Node;
+
+// The gradient flowing along an edge goes to input `input_nr` of `fn`.
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// What a gradient for a tensor must look like.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+  static TensorMeta of(const Tensor& t) { return TensorMeta{t.shape(), t.dtype(), t.device()}; }
+};
+
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  // The saved data; throws if it was modified in place since it was saved or if
+  // the graph has been freed.
+  Tensor unpack(const Node& owner) const;
+  void reset() { data_ = Tensor(); }
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual std::string name() const = 0;
+  // grad_outputs: one per forward output (zeros where no gradient flowed).
+  // Returns one gradient per input (an undefined tensor where none is needed).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
+  // Frees saved tensors once backward has used them (unless retain_graph).
+  virtual void release_saved() {}
+
+  // Is a gradient needed for input i? Lets apply() skip work nobody asked for.
+  bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+
+  std::vector<Edge> next_edges;        // one per input
+  std::vector<TensorMeta> input_meta;  // one per input: what its gradient must look like
+  std::vector<TensorMeta> output_meta; // one per output
+  // Hooks on this node's outputs (tensor hooks of non-leaf tensors).
+  std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> output_hooks;
+  uint64_t sequence_nr;  // creation order: later nodes run first in backward
+  bool released = false;
+  bool has_stream = false;
+  cuda::Stream stream;  // the stream the forward ran on (CUDA inputs); backward runs there
+};
+
+// The node at the end of every leaf that requires grad: adds the incoming
+// gradient into leaf.grad() (in the leaf's dtype), then runs post-accumulate hooks.
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  std::weak_ptr<AccumulateGrad> grad_accumulator;  // leaves: created on first use
+  std::vector<std::function<Tensor(const Tensor&)>> leaf_hooks;
+  std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
+};
+
+// The autograd meta of t, created on demand.
+AutogradMeta& meta(const Tensor& t);
+// Null when t has never been touched by autograd.
+AutogradMeta* meta_if_exists(const Tensor& t);
+
+}  // namespace mt::autograd

@@ -1,0 +1,286 @@
+// Devices, streams, events and the stream-ordered allocator (core/cuda_context.h).
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Sets the current device for a scope and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MT_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+struct DeviceState {
+  std::once_flag init;
+  Stream default_stream;
+  cudaMemPool_t pool = nullptr;
+  std::atomic<size_t> allocated{0};
+  std::atomic<size_t> peak{0};
+};
+
+DeviceState& state(int device) {
+  // Never destroyed: tensors freed during static destruction still find their pool.
+  static auto* states = new DeviceState[kMaxDevices];
+  MT_CHECK_T(DeviceError, device >= 0 && device < device_count(), "cuda:", device, " does not exist (",
+             device_count(), " CUDA device(s) visible)");
+  DeviceState& s = states[device];
+  std::call_once(s.init, [&] {
+    DeviceGuard guard(device);
+    cudaStream_t handle = nullptr;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking));
+    s.default_stream = Stream::wrap(handle, device);  // lives for the process
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&s.pool, device));
+    // Keep freed blocks cached in the pool instead of returning them to the driver at
+    // every synchronisation: the caching behaviour a training loop needs.
+    uint64_t threshold = std::numeric_limits<uint64_t>::max();
+    MT_CUDA_CHECK(cudaMemPoolSetAttribute(s.pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  });
+  return s;
+}
+
+std::vector<Stream>& thread_current_streams() {
+  thread_local std::vector<Stream> current(kMaxDevices);
+  return current;
+}
+
+size_t pool_reserved(cudaMemPool_t pool) {
+  uint64_t reserved = 0;
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  return static_cast<size_t>(reserved);
+}
+
+}  // namespace
+
+bool built_with_cuda() { return true; }
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // no driver or no device: a CPU-only machine, not an error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+bool is_available() { return device_count() > 0; }
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
+}
+
+void synchronize_device(int device) {
+  DeviceGuard guard(device);
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---- streams ----
+
+Stream Stream::create(int device, Priority priority) {
+  state(device);
+  DeviceGuard guard(device);
+  int least = 0, greatest = 0;
+  MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t handle = nullptr;
+  MT_CUDA_CHECK(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking,
+                                             priority == Priority::high ? greatest : least));
+  Stream s;
+  s.handle_ = std::shared_ptr<CUstream_st>(handle, [](cudaStream_t h) { cudaStreamDestroy(h); });
+  s.device_ = device;
+  return s;
+}
+
+Stream Stream::wrap(StreamHandle handle, int device) {
+  Stream s;
+  s.handle_ = std::shared_ptr<CUstream_st>(handle, [](cudaStream_t) {});
+  s.device_ = device;
+  return s;
+}
+
+void Stream::synchronize() const { MT_CUDA_CHECK(cudaStreamSynchronize(handle())); }
+
+bool Stream::query() const {
+  const cudaError_t status = cudaStreamQuery(handle());
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  MT_CUDA_CHECK(status);
+  return true;
+}
+
+Stream current_stream(int device) {
+  DeviceState& s = state(device);
+  const Stream& current = thread_current_streams()[static_cast<size_t>(device)];
+  return current.handle() ? current : s.default_stream;
+}
+
+void set_current_stream(const Stream& stream) {
+  state(stream.device());
+  thread_current_streams()[static_cast<size_t>(stream.device())] = stream;
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : previous_(current_stream(stream.device())) {
+  set_current_stream(stream);
+}
+
+StreamGuard::~StreamGuard() { thread_current_streams()[static_cast<size_t>(previous_.device())] = previous_; }
+
+// ---- events ----
+
+Event::Event(int device, Timing timing) : device_(device) {
+  state(device);
+  DeviceGuard guard(device);
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, timing == Timing::enabled ? cudaEventDefault
+                                                                             : cudaEventDisableTiming));
+}
+
+Event::~Event() {
+  if (handle_) cudaEventDestroy(handle_);
+}
+
+Event::Event(Event&& other) noexcept : handle_(other.handle_), device_(other.device_) { other.handle_ = nullptr; }
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (handle_) cudaEventDestroy(handle_);
+    handle_ = other.handle_;
+    device_ = other.device_;
+    other.handle_ = nullptr;
+  }
+  return *this;
+}
+
+void Event::record(const Stream& stream) {
+  MT_CHECK_T(DeviceError, stream.device() == device_, "Event::record: event of cuda:", device_,
+             " recorded on a stream of cuda:", stream.device());
+  MT_CUDA_CHECK(cudaEventRecord(handle_, stream.handle()));
+}
+
+void Event::wait_on(const Stream& stream) const { MT_CUDA_CHECK(cudaStreamWaitEvent(stream.handle(), handle_, 0)); }
+
+void Event::synchronize() const { MT_CUDA_CHECK(cudaEventSynchronize(handle_)); }
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(handle_);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  MT_CUDA_CHECK(status);
+  return true;
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  float ms = 0.0f;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, handle_, end.handle_));
+  return ms;
+}
+
+// ---- memory ----
+
+void* allocate(size_t nbytes, int device, StreamHandle stream) {
+  DeviceState& s = state(device);
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  cudaError_t status = cudaMallocAsync(&ptr, nbytes, stream);
+  if (status == cudaErrorMemoryAllocation) {
+    // The pool may hold blocks freed on other streams: return them to the driver
+    // and try once more before giving up.
+    cudaGetLastError();
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    status = cudaMallocAsync(&ptr, nbytes, stream);
+  }
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    const MemoryStats stats = memory_stats(device);
+    throw OutOfMemoryError(detail::str_cat(
+        "CUDA out of memory: tried to allocate ", format_bytes(nbytes), " on cuda:", device, " (", device_name(device),
+        "); mixtrain has ", format_bytes(stats.allocated), " allocated, ", format_bytes(stats.reserved),
+        " reserved, peak ", format_bytes(stats.peak_allocated), "; the device has ", format_bytes(stats.device_free),
+        " free of ", format_bytes(stats.device_total)));
+  }
+  MT_CUDA_CHECK(status);
+  const size_t now = s.allocated.fetch_add(nbytes) + nbytes;
+  size_t peak = s.peak.load();
+  while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {
+  }
+  return ptr;
+}
+
+void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
+  DeviceState& s = state(device);
+  DeviceGuard guard(device);
+  MT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+  s.allocated.fetch_sub(nbytes);
+}
+
+MemoryStats memory_stats(int device) {
+  DeviceState& s = state(device);
+  DeviceGuard guard(device);
+  MemoryStats stats;
+  stats.allocated = s.allocated.load();
+  stats.peak_allocated = s.peak.load();
+  stats.reserved = pool_reserved(s.pool);
+  MT_CUDA_CHECK(cudaMemGetInfo(&stats.device_free, &stats.device_total));
+  return stats;
+}
+
+void reset_peak_memory(int device) {
+  DeviceState& s = state(device);
+  s.peak.store(s.allocated.load());
+}
+
+void empty_cache(int device) {
+  DeviceState& s = state(device);
+  DeviceGuard guard(device);
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  MT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+}
+
+void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
+  if (nbytes == 0) return;
+  DeviceGuard guard(device);
+  const Stream stream = current_stream(device);
+  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, stream.handle()));
+  // The host buffer of a device-to-host copy is read right after we return.
+  if (kind == CopyKind::device_to_host) stream.synchronize();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,125 @@
+// CUDA element loops behind copy (with dtype conversion), fill and random draws.
+// Kernels first, then launchers, then the checked entry points.
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/launch.h"
+#include "core/dispatch.h"
+#include "core/kernels.h"
+#include "core/random.h"
+#include "core/strided.h"
+
+namespace mt::kernels {
+
+namespace {
+
+// ---- kernels ----
+
+template <typename D, typename S>
+__global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedIndexer si, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[di.offset(i)] = convert<D>(src[si.offset(i)]);
+  }
+}
+
+template <typename D, typename S>
+__global__ void accumulate_kernel(D* dst, StridedIndexer di, const S* src, StridedIndexer si, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    D& out = dst[di.offset(i)];
+    out = convert<D>(convert<acc_t<D>>(out) + convert<acc_t<D>>(src[si.offset(i)]));
+  }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* dst, StridedIndexer di, T value, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[di.offset(i)] = value;
+  }
+}
+
+template <typename T>
+__global__ void random_kernel(T* dst, StridedIndexer di, Distribution dist, double a, double b, uint64_t seed,
+                              uint64_t offset, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto u = static_cast<uint64_t>(i);
+    const double v = dist == Distribution::uniform
+                         ? a + (b - a) * static_cast<double>(philox::uniform_at(seed, offset, u))
+                         : a + b * static_cast<double>(philox::normal_at(seed, offset, u));
+    dst[di.offset(i)] = convert<T>(v);
+  }
+}
+
+}  // namespace
+
+// ---- entry points ----
+
+void copy_cuda(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  MT_CHECK_T(DeviceError, src.device() == dst.device(), "copy: source on ", src.device().str(),
+             " and destination on ", dst.device().str(), " (cross-device copies go through Tensor::copy_)");
+  const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                                  stream.handle()));
+    return;
+  }
+  const StridedIndexer di(dst), si(src);
+  dispatch_all(dst.dtype(), "copy", [&](auto dst_tag) {
+    using D = typename decltype(dst_tag)::type;
+    dispatch_all(src.dtype(), "copy", [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      copy_kernel<D, S><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
+          static_cast<D*>(dst.data_ptr()), di, static_cast<const S*>(src.data_ptr()), si, n);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void accumulate_cuda(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  const StridedIndexer di(dst), si(src);
+  dispatch_floating(dst.dtype(), "accumulate_", [&](auto dst_tag) {
+    using D = typename decltype(dst_tag)::type;
+    dispatch_floating(src.dtype(), "accumulate_", [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      accumulate_kernel<D, S><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
+          static_cast<D*>(dst.data_ptr()), di, static_cast<const S*>(src.data_ptr()), si, n);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void fill_cuda(const Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  const StridedIndexer di(dst);
+  dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_kernel<T><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(static_cast<T*>(dst.data_ptr()), di,
+                                                                                convert<T>(value), n);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void random_cuda(const Tensor& dst, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  const StridedIndexer di(dst);
+  dispatch_floating(dst.dtype(), dist == Distribution::uniform ? "rand" : "randn", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    random_kernel<T><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(static_cast<T*>(dst.data_ptr()), di,
+                                                                                  dist, a, b, seed, offset, n);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace mt::kernels

@@ -1,0 +1,115 @@
+// The narrow interface through which the rest of mixtrain talks to the CUDA
+// runtime. It needs no CUDA header, so plain C++ files can use it; in a build
+// without nvcc every function here (except is_available/device_count) throws
+// DeviceError saying so.
+//
+// Streams: each device has one current compute stream per thread (by default a
+// non-blocking stream mixtrain creates, never the legacy null stream, so that
+// work can be captured in CUDA Graphs). StreamGuard changes it for a scope.
+// Memory: the stream-ordered allocator (cudaMallocAsync on the device's default
+// pool, release threshold = unlimited so freed blocks stay cached).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+struct CUevent_st;   // cudaEvent_t is CUevent_st*
+
+namespace mt::cuda {
+
+using StreamHandle = CUstream_st*;
+using EventHandle = CUevent_st*;
+
+bool built_with_cuda();
+bool is_available();  // built with CUDA and at least one device visible
+int device_count();
+std::string device_name(int device);
+int compute_capability(int device);  // e.g. 90 for sm_90
+void synchronize_device(int device);  // tests and benchmarks only; never on a hot path
+
+// ---- streams ----
+// A stream: owning (created by Stream::create) or a non-owning reference.
+class Stream {
+ public:
+  enum class Priority { normal, high };
+  Stream() = default;
+  static Stream create(int device, Priority priority = Priority::normal);
+  static Stream wrap(StreamHandle handle, int device);  // non-owning
+
+  StreamHandle handle() const { return handle_.get(); }
+  int device() const { return device_; }
+  void synchronize() const;
+  bool query() const;  // true when all work submitted so far has finished
+  friend bool operator==(const Stream& a, const Stream& b) { return a.handle() == b.handle(); }
+
+ private:
+  std::shared_ptr<CUstream_st> handle_;
+  int device_ = 0;
+};
+
+Stream current_stream(int device);
+void set_current_stream(const Stream& stream);
+
+// Makes `stream` current on its device for the scope, then restores the previous one.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+// An event, for cross-stream dependencies and timing. Move-only.
+class Event {
+ public:
+  enum class Timing { disabled, enabled };
+  explicit Event(int device, Timing timing = Timing::disabled);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(const Stream& stream);
+  void wait_on(const Stream& stream) const;  // `stream` waits for this event (no host sync)
+  void synchronize() const;
+  bool query() const;
+  float elapsed_ms(const Event& end) const;  // both recorded with Timing::enabled
+  EventHandle handle() const { return handle_; }
+
+ private:
+  EventHandle handle_ = nullptr;
+  int device_ = 0;
+};
+
+// ---- memory ----
+struct MemoryStats {
+  size_t allocated = 0;       // bytes in live tensors
+  size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+  size_t reserved = 0;        // bytes the pool holds from the driver (live + cached)
+  size_t device_free = 0;     // as cudaMemGetInfo reports
+  size_t device_total = 0;
+};
+
+// Allocates on `stream` (stream-ordered). Throws OutOfMemoryError naming the
+// request, the device and the figures above.
+void* allocate(size_t nbytes, int device, StreamHandle stream);
+void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream);
+MemoryStats memory_stats(int device);
+void reset_peak_memory(int device);
+void empty_cache(int device);  // return cached blocks to the driver
+
+// Copies bytes between host and device or device and device, ordered on the
+// current stream of the device involved. A copy to the host waits for it.
+enum class CopyKind { host_to_device, device_to_host, device_to_device };
+void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
+
+std::string format_bytes(size_t nbytes);  // "1.50 GiB"
+
+}  // namespace mt::cuda

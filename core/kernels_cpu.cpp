@@ -1,0 +1,74 @@
+// CPU element loops for copy (with dtype conversion), fill and random draws.
+#include <cmath>
+#include <cstring>
+
+#include "core/dispatch.h"
+#include "core/kernels.h"
+#include "core/random.h"
+#include "core/strided.h"
+
+namespace mt::kernels {
+
+void copy_cpu(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  const StridedIndexer di(dst), si(src);
+  dispatch_all(dst.dtype(), "copy", [&](auto dst_tag) {
+    using D = typename decltype(dst_tag)::type;
+    dispatch_all(src.dtype(), "copy", [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      D* d = static_cast<D*>(dst.data_ptr());
+      const S* s = static_cast<const S*>(src.data_ptr());
+      for (int64_t i = 0; i < n; ++i) d[di.offset(i)] = convert<D>(s[si.offset(i)]);
+    });
+  });
+}
+
+void accumulate_cpu(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  const StridedIndexer di(dst), si(src);
+  dispatch_floating(dst.dtype(), "accumulate_", [&](auto dst_tag) {
+    using D = typename decltype(dst_tag)::type;
+    dispatch_floating(src.dtype(), "accumulate_", [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      D* d = static_cast<D*>(dst.data_ptr());
+      const S* s = static_cast<const S*>(src.data_ptr());
+      for (int64_t i = 0; i < n; ++i) {
+        D& out = d[di.offset(i)];
+        out = convert<D>(convert<acc_t<D>>(out) + convert<acc_t<D>>(s[si.offset(i)]));
+      }
+    });
+  });
+}
+
+void fill_cpu(const Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  const StridedIndexer di(dst);
+  dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = convert<T>(value);
+    T* d = static_cast<T*>(dst.data_ptr());
+    for (int64_t i = 0; i < n; ++i) d[di.offset(i)] = v;
+  });
+}
+
+void random_cpu(const Tensor& dst, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) {
+  const int64_t n = dst.numel();
+  const StridedIndexer di(dst);
+  dispatch_floating(dst.dtype(), dist == Distribution::uniform ? "rand" : "randn", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = static_cast<T*>(dst.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = dist == Distribution::uniform
+                           ? a + (b - a) * static_cast<double>(philox::uniform_at(seed, offset, static_cast<uint64_t>(i)))
+                           : a + b * static_cast<double>(philox::normal_at(seed, offset, static_cast<uint64_t>(i)));
+      d[di.offset(i)] = convert<T>(v);
+    }
+  });
+}
+
+}  // namespace mt::kernels

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds and tests on the GPU machine. Run from the repository root there:
+#   tools/device_check.sh [--sanitize] [--bench]
+#     --sanitize  also run every *_tests executable under compute-sanitizer memcheck
+#     --bench     also run tools/bench/run_all.sh
+# That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
+# everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
+# Full logs go to $OUT (default build-device/); the screen gets a short report whose LAST line is
+# ctest's summary.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$SECONDS
+
+sanitize=0 bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize) sanitize=1 ;;
+    --bench) bench=1 ;;
+    *) echo "usage: tools/device_check.sh [--sanitize] [--bench]" >&2; exit 2 ;;
+  esac
+done
+
+# NVLink multicast (NVLS) must stay off on that machine; mpirun needs `-x NAME` for each of these.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# nvcc and compute-sanitizer live here, and PATH need not include it.
+if [[ -d /usr/local/cuda/bin ]]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+
+build="build-device"
+out="${OUT:-$build}"
+mkdir -p "$out"
+jobs="$(nproc)"
+
+nvidia-smi -L || echo "device_check: WARNING: nvidia-smi lists no GPU"
+if [[ -f third_party/cudnn-frontend/include/cudnn_frontend.h ]]; then
+  echo "device_check: cudnn-frontend headers present"
+else
+  echo "device_check: no cudnn-frontend headers (carry third_party/); cuDNN frontend path disabled"
+fi
+
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+       >"$out/configure.log" 2>&1; then
+  tail -n 30 "$out/configure.log"
+  echo "device_check: configure FAILED (full log: $out/configure.log)"
+  exit 1
+fi
+# A build that silently fell back to CPU-only would make every GPU test skip and look green.
+cuda_compiler=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+case "$cuda_compiler" in
+  "" | *NOTFOUND) echo "device_check: WARNING: CMake found no CUDA compiler; this is a CPU-only build" ;;
+  *) echo "device_check: CUDA compiler $cuda_compiler" ;;
+esac
+
+if ! cmake --build "$build" -j"$jobs" >"$out/build.log" 2>&1; then
+  grep -m 30 -E 'error|FAILED:' "$out/build.log" || tail -n 30 "$out/build.log"
+  echo "device_check: build FAILED (full log: $out/build.log)"
+  exit 1
+fi
+echo "device_check: built in $((SECONDS - start)) s"
+
+# A per-test timeout, so that one hung collective cannot eat the whole call.
+test_start=$SECONDS
+ctest_rc=0
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs" --timeout "${MT_TEST_TIMEOUT:-300}" \
+  >"$out/ctest.log" 2>&1 || ctest_rc=$?
+echo "device_check: tests ran in $((SECONDS - test_start)) s (full log: $out/ctest.log)"
+
+sanitize_rc=0
+if ((sanitize)); then
+  mapfile -t exes < <(find "$build/tests" -type f -executable -name '*_tests' 2>/dev/null | sort)
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "sanitize: compute-sanitizer not found"
+    sanitize_rc=1
+  elif ((${#exes[@]} == 0)); then
+    echo "sanitize: no *_tests executables under $build/tests"
+  fi
+  for exe in "${exes[@]}"; do
+    command -v compute-sanitizer >/dev/null || break
+    name=$(basename "$exe")
+    if compute-sanitizer --tool memcheck --error-exitcode 1 "$exe" </dev/null >"$out/sanitize-$name.log" 2>&1; then
+      echo "sanitize: $name clean"
+    else
+      echo "sanitize: $name FAILED (log: $out/sanitize-$name.log)"
+      grep -m 5 '^========= [A-Z]' "$out/sanitize-$name.log" || true
+      sanitize_rc=1
+    fi
+  done
+fi
+
+bench_rc=0
+if ((bench)); then
+  if [[ -f tools/bench/run_all.sh ]]; then
+    bash tools/bench/run_all.sh >"$out/bench.log" 2>&1 || bench_rc=$?
+    tail -n 40 "$out/bench.log"
+    ((bench_rc == 0)) || echo "bench: FAILED (exit $bench_rc, log: $out/bench.log)"
+  else
+    echo "bench: no benchmarks yet"
+  fi
+fi
+
+# ctest lists failed and skipped tests in tab-indented blocks after these headers.
+awk '/^The following tests (FAILED|did not run):/ {p = 1; print; next} p && /^\t/ {print; next} {p = 0}' \
+  "$out/ctest.log"
+summary=$(grep -E '^[0-9]+% tests passed' "$out/ctest.log" | tail -n 1 || true)
+if [[ -z "$summary" ]]; then
+  tail -n 15 "$out/ctest.log"
+  summary="ctest printed no summary (exit $ctest_rc)"
+fi
+echo "$summary"
+
+((ctest_rc == 0 && sanitize_rc == 0 && bench_rc == 0))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds everything and runs every test; exits non-zero if any step fails.
+#   MT_BUILD_DIR   build folder (default: build)
+#   MT_CMAKE_ARGS  extra configure arguments, e.g. "-DCMAKE_CUDA_ARCHITECTURES=89"
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$SECONDS
+report_failure() {
+  local rc=$?
+  if ((rc)); then echo "test.sh: FAILED (exit $rc) after $((SECONDS - start)) s"; fi
+}
+trap report_failure EXIT
+
+tools/setup.sh
+build="${MT_BUILD_DIR:-build}"
+jobs="$(nproc)"
+
+# Ninja only for a fresh build folder: CMake refuses to switch generators in an existing one.
+generator=()
+if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+# MT_CMAKE_ARGS is split on whitespace on purpose: it carries several -D flags.
+read -r -a extra <<<"${MT_CMAKE_ARGS:-}"
+
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[@]}"
+cmake --build "$build" -j"$jobs"
+# A run that finds no test is a broken test registration, not a pass.
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs"
+
+echo "test.sh: done in $((SECONDS - start)) s"
