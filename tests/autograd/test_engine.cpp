@@ -1,0 +1,189 @@
+// The backward engine: accumulation, retain_graph, no_grad, detach, hooks, the
+// errors it must raise, and deep graphs without recursion.
+#include "autograd/function.h"
+#include "ops/ops.h"
+#include "tests/test_util.h"
+
+namespace mt {
+namespace {
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Engine, GradientsAccumulateAcrossUsesAndBackwardCalls) {
+  Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  sum(x * x + x).backward();  // d/dx = 2x + 1
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3, 5}));
+  sum(x * 3.0).backward();  // accumulates
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6, 8}));
+}
+
+TEST(Engine, SecondBackwardThroughFreedGraphSaysSo) {
+  Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward();
+  const std::string msg = message_of([&] { y.backward(); });
+  EXPECT_NE(msg.find("second time"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("retain_graph"), std::string::npos) << msg;
+}
+
+TEST(Engine, RetainGraphAllowsASecondBackward) {
+  Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  Tensor y = sum(x * x);
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{4, 8}));
+}
+
+TEST(Engine, NonScalarBackwardWithoutGradientSaysSo) {
+  Tensor x = ones({2, 3}).requires_grad_();
+  const std::string msg = message_of([&] { (x * 2.0).backward(); });
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pass a gradient"), std::string::npos) << msg;
+}
+
+TEST(Engine, NonScalarBackwardWithGradient) {
+  Tensor x = ones({2}).requires_grad_();
+  (x * 2.0).backward(from_vector({1.0, -1.0}, {2}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, -2}));
+}
+
+TEST(Engine, BackwardOfTensorWithoutHistoryThrows) {
+  const std::string msg = message_of([] { sum(ones({2})).backward(); });
+  EXPECT_NE(msg.find("does not require grad"), std::string::npos) << msg;
+}
+
+TEST(Engine, MissingBackwardThrowsInsteadOfReturningZeros) {
+  Tensor x = ones({2}).requires_grad_();
+  Tensor y = x * 2.0;
+  Tensor out = empty({2});
+  auto node = std::make_shared<autograd::LambdaNode>(
+      "NoFormula", [](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{Tensor()}; });
+  autograd::record(node, {y}, {out});
+  try {
+    sum(out).backward();
+    FAIL() << "expected NotImplementedError";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("NoFormula"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Engine, WrongGradientShapeNamesTheNodeAndBothShapes) {
+  Tensor x = ones({2, 3}).requires_grad_();
+  Tensor out = empty({2, 3});
+  auto node = std::make_shared<autograd::LambdaNode>(
+      "BadShape", [](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{ones({3, 2})}; });
+  autograd::record(node, {x}, {out});
+  const std::string msg = message_of([&] { sum(out).backward(); });
+  EXPECT_NE(msg.find("BadShape"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 2]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+}
+
+TEST(Engine, InPlaceChangeOfASavedTensorIsCaught) {
+  Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  Tensor y = x * 2.0;
+  Tensor z = sum(exp(y));  // saves exp(y)'s output
+  Tensor e = exp(y);
+  Tensor loss = sum(e * y);  // saves e and y
+  y.fill_(0.0);              // bumps y's version
+  const std::string msg = message_of([&] { loss.backward(); });
+  EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;
+}
+
+TEST(Engine, NoGradRecordsNothing) {
+  Tensor x = ones({2}).requires_grad_();
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = x * 2.0;
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE((x * 2.0).requires_grad());
+}
+
+TEST(Engine, DetachSharesDataWithoutHistory) {
+  Tensor x = ones({2}).requires_grad_();
+  Tensor d = (x * 2.0).detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+}
+
+TEST(Engine, OnlyRequestedGradientsAreComputed) {
+  Tensor a = ones({2}).requires_grad_();
+  Tensor b = ones({2});
+  sum(a * b).backward();
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
+TEST(Engine, TensorHooksCanReplaceGradients) {
+  Tensor x = ones({2}).requires_grad_();
+  Tensor y = x * 3.0;
+  y.register_hook([](const Tensor& g) { return g * 10.0; });
+  int leaf_hook_calls = 0;
+  x.register_hook([&](const Tensor& g) {
+    ++leaf_hook_calls;
+    return Tensor();  // keep as is
+  });
+  sum(y).backward();
+  EXPECT_EQ(leaf_hook_calls, 1);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{30, 30}));
+}
+
+TEST(Engine, PostAccumulateHookSeesTheAccumulatedGradient) {
+  Tensor x = ones({2}).requires_grad_();
+  std::vector<double> seen;
+  x.register_post_accumulate_grad_hook([&](const Tensor& leaf) { seen = leaf.grad().to_vector<double>(); });
+  sum(x * 4.0).backward();
+  EXPECT_EQ(seen, (std::vector<double>{4, 4}));
+}
+
+TEST(Engine, DeepChainBackpropagatesAndIsDestroyedWithoutRecursion) {
+  // 10,000 recorded ops in a chain (and 100,000 for teardown): a recursive walk or
+  // recursive destructor would overflow the stack long before this.
+  Tensor x = from_vector({1.0}, {1}, DType::f64).requires_grad_();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 10000; ++i) y = y * 1.0001;
+    sum(y).backward();
+    EXPECT_NEAR(x.grad().item(), std::pow(1.0001, 10000), 1e-6);
+  }
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = y + 1.0;
+  y = Tensor();  // frees the whole graph
+  SUCCEED();
+}
+
+TEST(Engine, FactoriesHonourRequiresGrad) {
+  Tensor x = zeros({2}, TensorOptions().requires_grad(true));
+  EXPECT_TRUE(x.requires_grad());
+  Tensor r = randn({2}, TensorOptions().requires_grad(true));
+  EXPECT_TRUE(r.requires_grad());
+}
+
+TEST(Engine, BackwardRunsOnTheForwardStream) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::Stream side = cuda::Stream::create(0);
+  Tensor x = randn({64}, "cuda").requires_grad_();
+  Tensor loss;
+  {
+    cuda::StreamGuard guard(side);
+    loss = sum(exp(x));
+  }
+  std::shared_ptr<autograd::Node> fn = loss.grad_fn();
+  ASSERT_TRUE(fn->has_stream);
+  EXPECT_EQ(fn->stream.handle(), side.handle());
+  loss.backward();
+  side.synchronize();
+  EXPECT_NEAR(sum(x.grad()).item(), sum(exp(x)).item(), 1e-3);
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,132 @@
+// Op-contract cases for the element-wise, reduction and shape families, plus
+// behaviour the contract does not cover (broadcast errors, promotion).
+#include "ops/ops.h"
+#include "tests/ops/op_contract.h"
+#include "tests/test_util.h"
+
+namespace mt::testing {
+namespace {
+
+using In = std::vector<Tensor>;
+
+// ---- element-wise ----
+MT_OP_CASE(OpCase("add", "add_broadcast").inputs({{2, 3}, {3}}).compute([](const In& x) { return x[0] + x[1]; }));
+MT_OP_CASE(OpCase("add", "add_scalar").inputs({{4}}).compute([](const In& x) { return x[0] + 2.5; }));
+MT_OP_CASE(OpCase("sub", "sub_broadcast").inputs({{2, 1, 3}, {4, 1}}).compute([](const In& x) { return x[0] - x[1]; }));
+MT_OP_CASE(OpCase("mul", "mul_broadcast").inputs({{3, 4}, {3, 1}}).compute([](const In& x) { return x[0] * x[1]; }));
+MT_OP_CASE(OpCase("mul", "mul_scalar").inputs({{5}}).compute([](const In& x) { return x[0] * -3.0; }));
+MT_OP_CASE(OpCase("div", "div_broadcast")
+               .inputs({{2, 3}, {3}})
+               .draw(Values::positive)
+               .compute([](const In& x) { return x[0] / x[1]; }));
+MT_OP_CASE(OpCase("div", "rdiv_scalar").inputs({{4}}).draw(Values::positive).compute([](const In& x) { return 2.0 / x[0]; }));
+MT_OP_CASE(OpCase("neg", "neg").inputs({{2, 3}}).compute([](const In& x) { return -x[0]; }));
+MT_OP_CASE(OpCase("exp", "exp").inputs({{2, 3}}).compute([](const In& x) { return exp(x[0]); }));
+MT_OP_CASE(OpCase("log", "log").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return log(x[0]); }));
+MT_OP_CASE(OpCase("sqrt", "sqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return sqrt(x[0]); }));
+MT_OP_CASE(OpCase("rsqrt", "rsqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return rsqrt(x[0]); }));
+MT_OP_CASE(OpCase("pow", "pow_2_5").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return pow(x[0], 2.5); }));
+MT_OP_CASE(OpCase("abs", "abs").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) { return abs(x[0]); }));
+MT_OP_CASE(OpCase("tanh", "tanh").inputs({{2, 3}}).compute([](const In& x) { return tanh(x[0]); }));
+MT_OP_CASE(OpCase("sigmoid", "sigmoid").inputs({{2, 3}}).compute([](const In& x) { return sigmoid(x[0]); }));
+MT_OP_CASE(OpCase("relu", "relu").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) { return relu(x[0]); }));
+MT_OP_CASE(OpCase("silu", "silu").inputs({{2, 3}}).compute([](const In& x) { return silu(x[0]); }));
+MT_OP_CASE(OpCase("gelu_erf", "gelu_erf").inputs({{2, 3}}).compute([](const In& x) { return gelu(x[0]); }));
+MT_OP_CASE(OpCase("gelu_tanh", "gelu_tanh").inputs({{2, 3}}).compute([](const In& x) {
+  return gelu(x[0], GeluApproximation::tanh);
+}));
+
+// ---- reductions ----
+MT_OP_CASE(OpCase("sum", "sum_all").inputs({{3, 4}}).compute([](const In& x) { return sum(x[0]); }));
+MT_OP_CASE(OpCase("sum", "sum_dims_keepdim").inputs({{2, 3, 4}}).compute([](const In& x) { return sum(x[0], {0, 2}, true); }));
+MT_OP_CASE(OpCase("mean", "mean_dim").inputs({{3, 5}}).compute([](const In& x) { return mean(x[0], {-1}); }));
+MT_OP_CASE(OpCase("max", "max_dim").inputs({{3, 5}}).draw(Values::away_from_zero).compute([](const In& x) { return max(x[0], 1); }));
+MT_OP_CASE(OpCase("var", "var_dim").inputs({{4, 6}}).compute([](const In& x) { return var(x[0], {1}); }));
+
+// ---- shape ----
+MT_OP_CASE(OpCase("reshape", "reshape").inputs({{2, 6}}).compute([](const In& x) { return x[0].reshape({3, 4}) * 2.0; }));
+MT_OP_CASE(OpCase("transpose", "transpose").inputs({{2, 3}}).compute([](const In& x) {
+  return x[0].transpose(0, 1).contiguous();
+}));
+MT_OP_CASE(OpCase("permute", "permute").inputs({{2, 3, 4}}).compute([](const In& x) { return x[0].permute({2, 0, 1}); }));
+MT_OP_CASE(OpCase("slice", "slice_step").inputs({{6, 3}}).compute([](const In& x) { return x[0].slice(0, 1, 6, 2); }));
+MT_OP_CASE(OpCase("slice", "narrow").inputs({{4, 5}}).compute([](const In& x) { return x[0].narrow(1, 1, 3); }));
+MT_OP_CASE(OpCase("expand", "expand").inputs({{3, 1}}).compute([](const In& x) { return x[0].expand({2, 3, 4}); }));
+MT_OP_CASE(OpCase("reshape", "squeeze_unsqueeze").inputs({{3, 1}}).compute([](const In& x) {
+  return x[0].squeeze(1).unsqueeze(0) * x[0].squeeze(1).unsqueeze(0);
+}));
+MT_OP_CASE(OpCase("cast", "cast_to_f64")
+               .inputs({{2, 3}})
+               .compute([](const In& x) { return x[0].to(DType::f64) * 1.5; })
+               .no_gradcheck("a 1e-6 perturbation does not survive rounding to a narrower dtype; "
+                             "Shape.CastGradientKeepsSourceDtype checks the gradient"));
+
+TEST(Elementwise, BroadcastErrorNamesOpAndShapes) {
+  try {
+    add(ones({2, 3}), ones({4}));
+    FAIL() << "expected a ShapeError";
+  } catch (const ShapeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("add"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+  }
+}
+
+TEST(Elementwise, MixedDtypesPromoteToTheWiderType) {
+  const Tensor a = ones({2}, DType::f16), b = ones({2}, DType::f32);
+  EXPECT_EQ((a + b).dtype(), DType::f32);
+  EXPECT_EQ((a * ones({2}, DType::bf16)).dtype(), DType::f32);
+}
+
+TEST(Elementwise, GradientOfPromotedInputKeepsItsDtype) {
+  Tensor a = ones({2}, DType::f16).requires_grad_();
+  Tensor b = ones({2}, DType::f32).requires_grad_();
+  sum(a * b).backward();
+  EXPECT_EQ(a.grad().dtype(), DType::f16);
+  EXPECT_EQ(b.grad().dtype(), DType::f32);
+}
+
+TEST(Elementwise, ValuesMatchTheFormulas) {
+  const Tensor x = from_vector({-1.0, 0.5, 2.0}, {3}, DType::f64);
+  const std::vector<double> g = gelu(x).to_vector<double>();
+  EXPECT_NEAR(g[2], 2.0 * 0.5 * (1 + std::erf(2.0 / std::sqrt(2.0))), 1e-12);
+  const std::vector<double> s = silu(x).to_vector<double>();
+  EXPECT_NEAR(s[0], -1.0 / (1 + std::exp(1.0)), 1e-12);
+  EXPECT_EQ(relu(x).to_vector<double>(), (std::vector<double>{0.0, 0.5, 2.0}));
+}
+
+TEST(Reduction, SumMeanMaxVarValues) {
+  const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);
+  EXPECT_EQ(sum(x, {1}).to_vector<double>(), (std::vector<double>{6, 15}));
+  EXPECT_EQ(mean(x, {0}).to_vector<double>(), (std::vector<double>{2.5, 3.5, 4.5}));
+  EXPECT_EQ(max(x, 1).to_vector<double>(), (std::vector<double>{3, 6}));
+  EXPECT_EQ(max(x).item(), 6.0);
+  EXPECT_NEAR(var(x).item(), 3.5, 1e-12);
+  EXPECT_EQ(sum(x, {0}, true).shape(), (Shape{1, 3}));
+}
+
+TEST(Reduction, MaxGradientIsSharedAmongTies) {
+  Tensor x = from_vector({1, 3, 3}, {3}, DType::f64).requires_grad_();
+  max(x).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0.5, 0.5}));
+}
+
+TEST(Shape, ViewsShareStorageAndGradientsFlowBack) {
+  Tensor x = arange(6, DType::f64).requires_grad_();
+  Tensor y = x.reshape({2, 3}).transpose(0, 1);
+  EXPECT_TRUE(y.shares_storage_with(x));
+  sum(y * y).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 2, 4, 6, 8, 10}));
+}
+
+TEST(Shape, CastGradientKeepsSourceDtype) {
+  Tensor x = from_vector({1.0, 2.0, 3.0}, {3}).requires_grad_();  // f32
+  const Tensor w = from_vector({0.5, -1.0, 2.0}, {3}, DType::f16);
+  sum(x.to(DType::f16) * w).backward();
+  EXPECT_EQ(x.grad().dtype(), DType::f32);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0.5, -1.0, 2.0}));
+}
+
+}  // namespace
+}  // namespace mt::testing

@@ -1,0 +1,197 @@
+// Instantiates the op contract (tests/ops/op_contract.h) for every registered case:
+// a float64 gradient check on the CPU and CUDA-vs-CPU per dtype.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "core/view.h"
+#include "ops/ops.h"
+#include "tests/ops/op_contract.h"
+#include "tests/test_util.h"
+
+namespace mt::testing {
+
+std::vector<OpCase>& op_cases() {
+  static std::vector<OpCase> cases;
+  return cases;
+}
+
+
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+
+// Floating inputs of a case, on the CPU in f64, drawn as the case asks.
+std::vector<Tensor> make_inputs(const OpCase& c) {
+  Generator gen(kSeed);
+  std::vector<Tensor> inputs;
+  for (const Shape& shape : c.shapes) {
+    const TensorOptions f64 = TensorOptions().dtype(DType::f64);
+    Tensor t;
+    switch (c.values) {
+      case Values::normal: t = randn(shape, f64, &gen); break;
+      case Values::positive: t = uniform(shape, 0.5, 2.0, f64, &gen); break;
+      case Values::away_from_zero: {
+        NoGradGuard no_grad;
+        const Tensor sign = uniform(shape, -1.0, 1.0, f64, &gen);
+        const Tensor magnitude = abs(randn(shape, f64, &gen)) + 0.1;
+        std::vector<double> s = sign.to_vector<double>(), m = magnitude.to_vector<double>();
+        for (size_t i = 0; i < s.size(); ++i) s[i] = s[i] < 0 ? -m[i] : m[i];
+        t = from_vector(s, shape, f64);
+        break;
+      }
+    }
+    inputs.push_back(t);
+  }
+  return inputs;
+}
+
+std::vector<Tensor> with_extra(const OpCase& c, std::vector<Tensor> floating, Device device) {
+  if (c.extra_inputs) {
+    for (const Tensor& e : c.extra_inputs()) floating.push_back(raw::to(e, device));
+  }
+  return floating;
+}
+
+// A fixed random weighting of the output, so that every output element matters.
+Tensor weights_for(const Tensor& out) {
+  Generator gen(kSeed + 1);
+  return randn(out.shape(), TensorOptions().dtype(DType::f64), &gen);
+}
+
+double weighted_sum(const Tensor& out, const Tensor& w) {
+  NoGradGuard no_grad;
+  return sum(mul(raw::to(out, kCPU, DType::f64), w)).item();
+}
+
+std::string case_name(const ::testing::TestParamInfo<size_t>& info) { return op_cases()[info.param].name; }
+
+class OpContract : public ::testing::TestWithParam<size_t> {
+ protected:
+  const OpCase& op_case() const { return op_cases()[GetParam()]; }
+};
+
+TEST_P(OpContract, GradcheckF64) {
+  const OpCase& c = op_case();
+  if (!c.gradcheck_skip_reason.empty()) GTEST_SKIP() << c.gradcheck_skip_reason;
+  std::vector<Tensor> inputs = make_inputs(c);
+  for (Tensor& t : inputs) t.requires_grad_(true);
+  const std::vector<Tensor> all = with_extra(c, inputs, kCPU);
+  const Tensor out = c.fn(all);
+  const Tensor w = weights_for(out);
+  sum(mul(out, w)).backward();
+
+  constexpr double eps = 1e-6, atol = 1e-6, rtol = 1e-4;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    ASSERT_TRUE(inputs[k].grad().defined()) << c.name << ": input " << k << " received no gradient";
+    const std::vector<double> analytic = inputs[k].grad().to_vector<double>();
+    std::vector<double> values = inputs[k].to_vector<double>();
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto loss_at = [&](double v) {
+        std::vector<double> shifted = values;
+        shifted[i] = v;
+        std::vector<Tensor> probe = inputs;
+        probe[k] = from_vector(shifted, inputs[k].shape(), TensorOptions().dtype(DType::f64));
+        NoGradGuard no_grad;
+        return weighted_sum(c.fn(with_extra(c, probe, kCPU)), w);
+      };
+      const double numeric = (loss_at(values[i] + eps) - loss_at(values[i] - eps)) / (2 * eps);
+      ASSERT_NEAR(analytic[i], numeric, atol + rtol * std::fabs(numeric))
+          << c.name << ": gradient of input " << k << " element " << i;
+    }
+  }
+}
+
+double relative_error(const Tensor& got, const Tensor& ref) {
+  const std::vector<double> a = got.to_vector<double>(), b = ref.to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+class OpContractCuda : public ::testing::TestWithParam<std::tuple<size_t, DType>> {};
+
+TEST_P(OpContractCuda, CudaMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const OpCase& c = op_cases()[std::get<0>(GetParam())];
+  const DType dtype = std::get<1>(GetParam());
+  if (!c.cuda) GTEST_SKIP() << c.cuda_skip_reason;
+  const double tol = dtype == DType::f32    ? (c.tol_f32 ? c.tol_f32 : kTolF32)
+                     : dtype == DType::bf16 ? (c.tol_bf16 ? c.tol_bf16 : kTolBF16)
+                                            : (c.tol_f16 ? c.tol_f16 : kTolF16);
+
+  // The reference sees exactly the rounded inputs the GPU sees.
+  std::vector<Tensor> ref_inputs, gpu_inputs;
+  for (const Tensor& t : make_inputs(c)) {
+    const Tensor rounded = raw::to(t, dtype);
+    ref_inputs.push_back(raw::to(rounded, DType::f64).requires_grad_(true));
+    gpu_inputs.push_back(raw::to(rounded, cuda_device(0)).requires_grad_(true));
+  }
+  const Tensor ref_out = c.fn(with_extra(c, ref_inputs, kCPU));
+  const Tensor gpu_out = c.fn(with_extra(c, gpu_inputs, cuda_device(0)));
+  ASSERT_EQ(gpu_out.shape(), ref_out.shape()) << c.name;
+  ASSERT_TRUE(gpu_out.is_cuda()) << c.name << ": output left the GPU";
+
+  const double out_err = relative_error(gpu_out, ref_out);
+  EXPECT_LE(out_err, tol) << c.name << " " << dtype_name(dtype) << ": forward relative error";
+
+  const Tensor w = raw::to(weights_for(ref_out), dtype);  // both sides weight by the same rounded values
+  sum(mul(ref_out, raw::to(w, DType::f64))).backward();
+  sum(mul(gpu_out, raw::to(w, cuda_device(0)))).backward();
+  for (size_t k = 0; k < gpu_inputs.size(); ++k) {
+    ASSERT_TRUE(gpu_inputs[k].grad().defined()) << c.name << ": no gradient for input " << k;
+    const double grad_err = relative_error(gpu_inputs[k].grad(), ref_inputs[k].grad());
+    EXPECT_LE(grad_err, tol) << c.name << " " << dtype_name(dtype) << ": gradient of input " << k;
+  }
+  std::printf("[ cuda-vs-cpu ] %-28s %-5s forward %.2e (tol %.0e)\n", c.name.c_str(), dtype_name(dtype), out_err, tol);
+}
+
+std::vector<size_t> all_cases() {
+  std::vector<size_t> ids(op_cases().size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  return ids;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpContract, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Ops, OpContractCuda,
+                         ::testing::Combine(::testing::ValuesIn(all_cases()),
+                                            ::testing::Values(DType::f32, DType::bf16, DType::f16)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, DType>>& info) {
+                           return op_cases()[std::get<0>(info.param)].name + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
+
+// Every differentiable op named by the op library must have at least one case.
+TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
+  const std::vector<std::string> required = {
+      "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow", "abs", "tanh", "sigmoid", "relu",
+      "gelu_erf", "gelu_tanh", "silu", "sum", "mean", "max", "var", "reshape", "transpose", "permute", "slice",
+      "expand", "cast"};
+  std::set<std::string> covered;
+  size_t gradchecked = 0;
+  for (const OpCase& c : op_cases()) {
+    covered.insert(c.op);
+    if (c.gradcheck_skip_reason.empty()) {
+      ++gradchecked;
+    } else {
+      std::printf("[ coverage ] %s: f64 gradcheck skipped: %s\n", c.name.c_str(), c.gradcheck_skip_reason.c_str());
+    }
+  }
+  std::vector<std::string> missing;
+  for (const std::string& op : required) {
+    if (!covered.count(op)) missing.push_back(op);
+  }
+  std::printf("[ coverage ] %zu op cases over %zu ops; %zu of them gradient-checked in f64\n", op_cases().size(),
+              covered.size(), gradchecked);
+  std::string list;
+  for (const std::string& m : missing) list += " " + m;
+  EXPECT_TRUE(missing.empty()) << "ops without a gradient-check case:" << list;
+}
+
+}  // namespace
+}  // namespace mt::testing
