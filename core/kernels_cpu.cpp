@@ -63,10 +63,10 @@ void random_cpu(const Tensor& dst, Distribution dist, double a, double b, uint64
     using T = typename decltype(tag)::type;
     T* d = static_cast<T*>(dst.data_ptr());
     for (int64_t i = 0; i < n; ++i) {
-      const double v = dist == Distribution::uniform
-                           ? a + (b - a) * static_cast<double>(philox::uniform_at(seed, offset, static_cast<uint64_t>(i)))
-                           : a + b * static_cast<double>(philox::normal_at(seed, offset, static_cast<uint64_t>(i)));
-      d[di.offset(i)] = convert<T>(v);
+      const auto k = static_cast<uint64_t>(i);
+      d[di.offset(i)] = dist == Distribution::uniform
+                            ? philox::uniform_as<T>(philox::uniform_at(seed, offset, k), a, b)
+                            : convert<T>(a + b * static_cast<double>(philox::normal_at(seed, offset, k)));
     }
   });
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dispatch.h"
 #include "core/macros.h"
 #include "core/tensor.h"
 
@@ -64,6 +65,31 @@ MT_HOST_DEVICE inline float normal_at(uint64_t seed, uint64_t offset, uint64_t i
   const float radius = sqrtf(-2.0f * logf(u1));
   const float angle = 6.2831853071795864769f * u2;
   return (lane & 1u) ? radius * sinf(angle) : radius * cosf(angle);
+}
+
+// The representable value of T just below x (x finite).
+template <typename T>
+MT_HOST_DEVICE inline T next_below(T x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return ::nextafter(x, -HUGE_VAL);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return ::nextafterf(x, -HUGE_VALF);
+  } else {  // a NarrowFloat: step the sign-magnitude bits
+    using Bits = typename T::Storage;
+    constexpr Bits sign = static_cast<Bits>(Bits(1) << (8 * sizeof(Bits) - 1));
+    if ((x.x & static_cast<Bits>(~sign)) == 0) return T::from_bits(static_cast<Bits>(sign | 1));  // +-0 -> -min subnormal
+    return T::from_bits(static_cast<Bits>((x.x & sign) ? x.x + 1 : x.x - 1));
+  }
+}
+
+// A uniform draw u in [0, 1) mapped to [low, high) in T. Rounding a + (b - a) u to
+// a narrow type can land on `high`; such values step down to the largest T below it.
+template <typename T>
+MT_HOST_DEVICE inline T uniform_as(float u, double low, double high) {
+  const T t = convert<T>(low + (high - low) * static_cast<double>(u));
+  if (to_double(t) < high) return t;
+  const T top = convert<T>(high);
+  return to_double(top) < high ? top : next_below(top);
 }
 
 }  // namespace philox

@@ -46,10 +46,9 @@ __global__ void random_kernel(T* dst, StridedIndexer di, Distribution dist, doub
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const auto u = static_cast<uint64_t>(i);
-    const double v = dist == Distribution::uniform
-                         ? a + (b - a) * static_cast<double>(philox::uniform_at(seed, offset, u))
-                         : a + b * static_cast<double>(philox::normal_at(seed, offset, u));
-    dst[di.offset(i)] = convert<T>(v);
+    dst[di.offset(i)] = dist == Distribution::uniform
+                            ? philox::uniform_as<T>(philox::uniform_at(seed, offset, u), a, b)
+                            : convert<T>(a + b * static_cast<double>(philox::normal_at(seed, offset, u)));
   }
 }
 

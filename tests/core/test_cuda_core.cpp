@@ -200,7 +200,9 @@ INSTANTIATE_TEST_SUITE_P(Targets, CudaConvertTest,
 std::vector<std::vector<uint8_t>> strided_copies(const Tensor& host_src, mt::Device device) {
   using namespace mt::raw;
   const Tensor src = to(host_src, device);  // [37, 53] f32
-  auto zeros = [&](const Shape& shape, DType dtype) { return mt::zeros(shape, TensorOptions().dtype(dtype).device(device)); };
+  auto zeros = [&](const Shape& shape, DType dtype) {
+    return mt::zeros(shape, TensorOptions().dtype(dtype).device(device));
+  };
   Tensor d1 = zeros({53, 37}, DType::f16);
   d1.copy_(transpose(src, 0, 1));  // transposed source, converted
   Tensor d2 = zeros({60, 40}, DType::f32);
@@ -210,7 +212,7 @@ std::vector<std::vector<uint8_t>> strided_copies(const Tensor& host_src, mt::Dev
   Tensor d4 = zeros({74, 53}, DType::bf16);
   slice(d4, 0, 1, 74, 2).copy_(src);  // stepped destination
   Tensor d5 = zeros({3, 37, 53}, DType::f32);
-  d5.copy_(src);                             // broadcast over a new leading dim
+  d5.copy_(src);                                    // broadcast over a new leading dim
   narrow(d5, 2, 0, 1).copy_(narrow(src, 1, 5, 1));  // a column into a strided column
   Tensor d6 = zeros({53, 2, 37}, DType::f8e4m3);
   permute(d6, {2, 1, 0}).copy_(unsqueeze(src, 1));  // permuted destination, expanded source
@@ -370,9 +372,9 @@ TEST(CudaMemory, OversizedAllocationThrowsOutOfMemoryWithTheFigures) {
     FAIL() << "a 4 TiB allocation succeeded";
   } catch (const mt::OutOfMemoryError& e) {
     const std::string msg = e.what();
-    for (const std::string& part : {std::string("tried to allocate"), std::string("cuda:0"), std::string("allocated"),
-                                    std::string("reserved"), std::string("peak"),
-                                    mt::cuda::format_bytes(static_cast<size_t>(four_tib))}) {
+    for (const std::string& part :
+         {std::string("tried to allocate"), std::string("cuda:0"), std::string("allocated"), std::string("reserved"),
+          std::string("peak"), mt::cuda::format_bytes(static_cast<size_t>(four_tib))}) {
       EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
     }
   }

@@ -65,53 +65,53 @@ struct NarrowFormat {
   // The value of a finite code, from the definition.
   double value(uint32_t code) const {
     const uint32_t e = exp_field(code), m = man_field(code);
-    const double magnitude = e == 0 ? std::ldexp(static_cast<double>(m), 1 - bias - man_bits)
-                                    : std::ldexp(static_cast<double>((1u << man_bits) | m),
-                                                 static_cast<int>(e) - bias - man_bits);
+    const double magnitude =
+        e == 0 ? std::ldexp(static_cast<double>(m), 1 - bias - man_bits)
+               : std::ldexp(static_cast<double>((1u << man_bits) | m), static_cast<int>(e) - bias - man_bits);
     return (code & sign_bit()) ? -magnitude : magnitude;
   }
 };
 
 const NarrowFormat kF16{"f16",
-                        5,
-                        10,
-                        15,
+                        /*exp_bits=*/5,
+                        /*man_bits=*/10,
+                        /*bias=*/15,
                         /*ieee_specials=*/true,
                         /*saturates=*/false,
                         [](float f) -> uint32_t { return mt::bits::f32_to_f16(f); },
                         [](uint32_t b) { return mt::bits::f16_to_f32(static_cast<uint16_t>(b)); },
-                        127 - 30,
-                        127 + 18};
+                        /*sweep_min_exp=*/127 - 30,
+                        /*sweep_max_exp=*/127 + 18};
 const NarrowFormat kBF16{"bf16",
-                         8,
-                         7,
-                         127,
+                         /*exp_bits=*/8,
+                         /*man_bits=*/7,
+                         /*bias=*/127,
                          /*ieee_specials=*/true,
                          /*saturates=*/false,
                          [](float f) -> uint32_t { return mt::bits::f32_to_bf16(f); },
                          [](uint32_t b) { return mt::bits::bf16_to_f32(static_cast<uint16_t>(b)); },
-                         0,
-                         255};
+                         /*sweep_min_exp=*/0,
+                         /*sweep_max_exp=*/255};
 const NarrowFormat kF8E4M3{"f8e4m3",
-                           4,
-                           3,
-                           7,
+                           /*exp_bits=*/4,
+                           /*man_bits=*/3,
+                           /*bias=*/7,
                            /*ieee_specials=*/false,
                            /*saturates=*/true,
                            [](float f) -> uint32_t { return mt::bits::f32_to_f8e4m3(f); },
                            [](uint32_t b) { return mt::bits::f8e4m3_to_f32(static_cast<uint8_t>(b)); },
-                           127 - 14,
-                           127 + 11};
+                           /*sweep_min_exp=*/127 - 14,
+                           /*sweep_max_exp=*/127 + 11};
 const NarrowFormat kF8E5M2{"f8e5m2",
-                           5,
-                           2,
-                           15,
+                           /*exp_bits=*/5,
+                           /*man_bits=*/2,
+                           /*bias=*/15,
                            /*ieee_specials=*/true,
                            /*saturates=*/true,
                            [](float f) -> uint32_t { return mt::bits::f32_to_f8e5m2(f); },
                            [](uint32_t b) { return mt::bits::f8e5m2_to_f32(static_cast<uint8_t>(b)); },
-                           127 - 22,
-                           127 + 18};
+                           /*sweep_min_exp=*/127 - 22,
+                           /*sweep_max_exp=*/127 + 18};
 
 // The reference rounding rule over the table of a format's non-negative finite values.
 class Reference {
@@ -201,11 +201,10 @@ TEST_P(NarrowFormatTest, EveryBitPatternRoundTripsThroughF32) {
   int mismatches = 0;
   for (uint32_t code = 0; code < f.num_patterns(); ++code) {
     const uint32_t back = f.encode(f.decode(code));
-    const uint32_t expected =
-        f.is_inf(code) && f.saturates ? (code & f.sign_bit()) | ref.max_code() : code;
+    const uint32_t expected = f.is_inf(code) && f.saturates ? (code & f.sign_bit()) | ref.max_code() : code;
     if (back != expected && ++mismatches <= 8) {
-      ADD_FAILURE() << f.name << " pattern 0x" << std::hex << code << " -> " << describe(f.decode(code))
-                    << " -> 0x" << back;
+      ADD_FAILURE() << f.name << " pattern 0x" << std::hex << code << " -> " << describe(f.decode(code)) << " -> 0x"
+                    << back;
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -249,7 +248,7 @@ TEST_P(NarrowFormatTest, ConvertsEveryTieAndNeighbourLikeTheReference) {
     add_with_neighbours((ref.value(c) + ref.value(c + 1)) / 2);
   }
   add_with_neighbours(ref.max_value());
-  add_with_neighbours((ref.max_value() + ref.beyond_max()) / 2);  // max + half ulp
+  add_with_neighbours((ref.max_value() + ref.beyond_max()) / 2);                                     // max + half ulp
   if (ref.beyond_max() <= std::numeric_limits<float>::max()) add_with_neighbours(ref.beyond_max());  // not for bf16
   add_with_neighbours(ref.value(1) / 2);      // half the smallest subnormal
   add_with_neighbours(ref.value(1) * 3 / 4);  // between half and one smallest subnormal
@@ -449,7 +448,13 @@ struct FormatOf<mt::Float8E5M2> {
 template <typename T>
 class NarrowStructTest : public ::testing::Test {};
 using NarrowStructs = ::testing::Types<mt::Half, mt::BFloat16, mt::Float8E4M3, mt::Float8E5M2>;
-TYPED_TEST_SUITE(NarrowStructTest, NarrowStructs);
+struct StructNames {
+  template <typename T>
+  static std::string GetName(int) {
+    return FormatOf<T>::get().name;
+  }
+};
+TYPED_TEST_SUITE(NarrowStructTest, NarrowStructs, StructNames);
 
 TYPED_TEST(NarrowStructTest, AgreesWithBitsFunctions) {
   using T = TypeParam;
@@ -521,13 +526,20 @@ struct Promotion {
 
 TEST(DTypePromotion, Table) {
   const Promotion table[] = {
-      {DType::f16, DType::bf16, DType::f32},       {DType::f32, DType::f64, DType::f64},
-      {DType::i64, DType::f16, DType::f16},        {DType::boolean, DType::u8, DType::u8},
-      {DType::u8, DType::i32, DType::i32},         {DType::i32, DType::i64, DType::i64},
-      {DType::boolean, DType::i64, DType::i64},    {DType::i64, DType::f64, DType::f64},
-      {DType::f32, DType::bf16, DType::f32},       {DType::f8e4m3, DType::f8e5m2, DType::f32},
-      {DType::f8e5m2, DType::f16, DType::f16},     {DType::f8e4m3, DType::bf16, DType::bf16},
-      {DType::boolean, DType::f8e4m3, DType::f8e4m3}, {DType::u8, DType::bf16, DType::bf16},
+      {DType::f16, DType::bf16, DType::f32},
+      {DType::f32, DType::f64, DType::f64},
+      {DType::i64, DType::f16, DType::f16},
+      {DType::boolean, DType::u8, DType::u8},
+      {DType::u8, DType::i32, DType::i32},
+      {DType::i32, DType::i64, DType::i64},
+      {DType::boolean, DType::i64, DType::i64},
+      {DType::i64, DType::f64, DType::f64},
+      {DType::f32, DType::bf16, DType::f32},
+      {DType::f8e4m3, DType::f8e5m2, DType::f32},
+      {DType::f8e5m2, DType::f16, DType::f16},
+      {DType::f8e4m3, DType::bf16, DType::bf16},
+      {DType::boolean, DType::f8e4m3, DType::f8e4m3},
+      {DType::u8, DType::bf16, DType::bf16},
   };
   for (const Promotion& p : table) {
     EXPECT_EQ(mt::promote_types(p.a, p.b), p.expected) << mt::dtype_name(p.a) << " + " << mt::dtype_name(p.b);

@@ -185,7 +185,8 @@ TEST_P(RandomDTypeTest, UniformValuesAreInZeroOne) {
 TEST_P(RandomDTypeTest, UniformLowHighStaysInRange) {
   Generator gen(/*seed=*/6);
   const std::vector<double> v = mt::uniform({1 << 14}, -2.0, 3.0, GetParam(), &gen).to_vector<double>();
-  for (double x : v) ASSERT_TRUE(x >= -2.0 && x < 3.0) << x;
+  for (double x : v)
+    ASSERT_TRUE(x >= -2.0 && x < 3.0) << "uniform(-2, 3) in " << mt::dtype_name(GetParam()) << " gave " << x;
 }
 
 INSTANTIATE_TEST_SUITE_P(Floating, RandomDTypeTest, ::testing::Values(DType::f64, DType::f32, DType::f16, DType::bf16),

@@ -309,8 +309,8 @@ TEST_P(ViewAliasingTest, CopyIntoViewWritesTheBase) {
       for (int k = 0; k < 4; ++k) {
         const int at = c.index_in_view(i, j, k);
         const double expected = at < 0 ? 12 * i + 4 * j + k : 100 + at;
-        EXPECT_EQ(got[static_cast<size_t>(12 * i + 4 * j + k)], expected) << "base[" << i << "][" << j << "][" << k
-                                                                          << "]";
+        EXPECT_EQ(got[static_cast<size_t>(12 * i + 4 * j + k)], expected)
+            << "base[" << i << "][" << j << "][" << k << "]";
       }
     }
   }
@@ -355,30 +355,36 @@ TEST_P(ViewAliasingTest, WritesToTheBaseShowInTheView) {
 
 INSTANTIATE_TEST_SUITE_P(
     Kinds, ViewAliasingTest,
-    ::testing::Values(
-        ViewCase{"narrow_last_dim", [](const Tensor& t) { return mt::raw::narrow(t, 2, 1, 2); },  // [2, 3, 2]
-                 [](int i, int j, int k) { return k >= 1 && k <= 2 ? i * 6 + j * 2 + (k - 1) : -1; }},
-        ViewCase{"transpose", [](const Tensor& t) { return mt::raw::transpose(t, 0, 2); },  // [4, 3, 2]
-                 [](int i, int j, int k) { return k * 6 + j * 2 + i; }},
-        ViewCase{"slice_step_2", [](const Tensor& t) { return mt::raw::slice(t, 1, 0, 3, 2); },  // [2, 2, 4]
-                 [](int i, int j, int k) { return j % 2 == 0 ? i * 8 + (j / 2) * 4 + k : -1; }},
-        ViewCase{"permute", [](const Tensor& t) { return mt::raw::permute(t, {1, 2, 0}); },  // [3, 4, 2]
-                 [](int i, int j, int k) { return j * 8 + k * 2 + i; }},
-        ViewCase{"narrow_of_transpose",  // [2, 2, 3]: v[i][a][j] = t[i][j][1 + a]
-                 [](const Tensor& t) { return mt::raw::narrow(mt::raw::transpose(t, 1, 2), 1, 1, 2); },
-                 [](int i, int j, int k) { return k >= 1 && k <= 2 ? i * 6 + (k - 1) * 3 + j : -1; }},
-        ViewCase{"narrow_of_view",  // rows 2 and 3 of the [6, 4] view
-                 [](const Tensor& t) { return mt::raw::narrow(mt::raw::view(t, {6, 4}), 0, 2, 2); },
-                 [](int i, int j, int k) {
-                   const int row = 3 * i + j;
-                   return row == 2 || row == 3 ? (row - 2) * 4 + k : -1;
-                 }},
-        ViewCase{"squeezed_narrow",  // t[1] as [3, 4]
-                 [](const Tensor& t) { return mt::raw::squeeze(mt::raw::narrow(t, 0, 1, 1), 0); },
-                 [](int i, int j, int k) { return i == 1 ? j * 4 + k : -1; }},
-        ViewCase{"sliced_transpose_negative_start",  // [2, 2, 3]: v[i][a][j] = t[i][j][2 + a]
-                 [](const Tensor& t) { return mt::raw::slice(mt::raw::transpose(t, 1, 2), 1, -2, 4); },
-                 [](int i, int j, int k) { return k >= 2 ? i * 6 + (k - 2) * 3 + j : -1; }}),
+    ::testing::Values(ViewCase{"narrow_last_dim",
+                               [](const Tensor& t) { return mt::raw::narrow(t, 2, 1, 2); },  // [2, 3, 2]
+                               [](int i, int j, int k) { return k >= 1 && k <= 2 ? i * 6 + j * 2 + (k - 1) : -1; }},
+                      ViewCase{"transpose", [](const Tensor& t) { return mt::raw::transpose(t, 0, 2); },  // [4, 3, 2]
+                               [](int i, int j, int k) { return k * 6 + j * 2 + i; }},
+                      ViewCase{"slice_step_2",
+                               [](const Tensor& t) { return mt::raw::slice(t, 1, 0, 3, 2); },  // [2, 2, 4]
+                               [](int i, int j, int k) { return j % 2 == 0 ? i * 8 + (j / 2) * 4 + k : -1; }},
+                      ViewCase{"permute",
+                               [](const Tensor& t) {
+                                 return mt::raw::permute(t, {1, 2, 0});
+                               },  // [3, 4, 2]
+                               [](int i, int j, int k) { return j * 8 + k * 2 + i; }},
+                      ViewCase{"narrow_of_transpose",  // [2, 2, 3]: v[i][a][j] = t[i][j][1 + a]
+                               [](const Tensor& t) { return mt::raw::narrow(mt::raw::transpose(t, 1, 2), 1, 1, 2); },
+                               [](int i, int j, int k) { return k >= 1 && k <= 2 ? i * 6 + (k - 1) * 3 + j : -1; }},
+                      ViewCase{"narrow_of_view",  // rows 2 and 3 of the [6, 4] view
+                               [](const Tensor& t) {
+                                 return mt::raw::narrow(mt::raw::view(t, {6, 4}), 0, 2, 2);
+                               },
+                               [](int i, int j, int k) {
+                                 const int row = 3 * i + j;
+                                 return row == 2 || row == 3 ? (row - 2) * 4 + k : -1;
+                               }},
+                      ViewCase{"squeezed_narrow",  // t[1] as [3, 4]
+                               [](const Tensor& t) { return mt::raw::squeeze(mt::raw::narrow(t, 0, 1, 1), 0); },
+                               [](int i, int j, int k) { return i == 1 ? j * 4 + k : -1; }},
+                      ViewCase{"sliced_transpose_negative_start",  // [2, 2, 3]: v[i][a][j] = t[i][j][2 + a]
+                               [](const Tensor& t) { return mt::raw::slice(mt::raw::transpose(t, 1, 2), 1, -2, 4); },
+                               [](int i, int j, int k) { return k >= 2 ? i * 6 + (k - 2) * 3 + j : -1; }}),
     [](const ::testing::TestParamInfo<ViewCase>& info) { return std::string(info.param.name); });
 
 // ---- copies ----
@@ -482,7 +488,9 @@ TEST(Errors, WrapDimNamesTheOpAndTheRange) {
   EXPECT_EQ(mt::raw::wrap_dim(0, 0, "op"), 0) << "a 0-d tensor accepts dim 0 and -1";
   expect_contains(message_of<mt::ShapeError>([] { mt::raw::wrap_dim(5, 3, "myop"); }),
                   {"myop", "dimension 5", "3 dimensions", "-3..2"});
-  expect_contains(message_of<mt::ShapeError>([] { mt::raw::transpose(mt::zeros({2, 3}), 2, 0); }),
+  expect_contains(message_of<mt::ShapeError>([] {
+                    mt::raw::transpose(mt::zeros({2, 3}), 2, 0);
+                  }),
                   {"transpose", "dimension 2", "-2..1"});
   expect_contains(message_of<mt::ShapeError>([] { mt::zeros({2, 3}).size(-3); }), {"Tensor::size", "-3"});
 }
@@ -492,7 +500,9 @@ TEST(Errors, BroadcastShapes) {
   EXPECT_EQ(mt::raw::broadcast_shapes({5, 1, 3}, {4, 1}, "add"), (Shape{5, 4, 3}));
   EXPECT_EQ(mt::raw::broadcast_shapes({}, {2}, "add"), (Shape{2}));
   EXPECT_EQ(mt::raw::broadcast_shapes({0, 1}, {1, 3}, "add"), (Shape{0, 3}));
-  expect_contains(message_of<mt::ShapeError>([] { mt::raw::broadcast_shapes({2, 3}, {4, 3}, "add"); }),
+  expect_contains(message_of<mt::ShapeError>([] {
+                    mt::raw::broadcast_shapes({2, 3}, {4, 3}, "add");
+                  }),
                   {"add", "[2, 3]", "[4, 3]"});
 }
 
