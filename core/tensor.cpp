@@ -75,7 +75,7 @@ T* Tensor::data() const {
   return static_cast<T*>(data_ptr());
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   MT_CHECK(src.defined(), "copy_: source tensor is undefined");
   const Tensor expanded = raw::expand(src, shape());
   if (device() == src.device()) {
@@ -102,7 +102,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   if (is_cuda()) {
     kernels::fill_cuda(*this, value);
   } else {

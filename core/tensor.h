@@ -103,9 +103,11 @@ class Tensor {
   // ---- data movement (no autograd) ----
   // Copies src into this tensor's elements (any dtype / device; shapes must match
   // or src must broadcast to this shape). Bumps the version.
-  Tensor& copy_(const Tensor& src);
-  Tensor& fill_(double value);
-  Tensor& zero_() { return fill_(0.0); }
+  // In-place methods are const, as in PyTorch: a Tensor is a handle, and writing
+  // through a const handle changes the data it refers to, not the handle.
+  const Tensor& copy_(const Tensor& src) const;
+  const Tensor& fill_(double value) const;
+  const Tensor& zero_() const { return fill_(0.0); }
   double item() const;  // one-element tensor -> double (waits for the device)
   template <typename T>
   std::vector<T> to_vector() const;  // contiguous copy on the host, converted to T

@@ -1,7 +1,9 @@
 // Element-wise ops: validation, forward on the tensor's device, and the backward
-// of each op written right after its forward.
+// of each op written right after its forward. Binary ops promote mixed dtypes
+// themselves, which is what autocast's "widest type" policy asks of them.
 #include "ops/elementwise/elementwise.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/elementwise/functors.h"
@@ -51,7 +53,8 @@ Tensor map_grad(const char* name, const Tensor& grad, const Tensor& saved, Op op
 enum class Saved { input, output };
 
 template <typename Fwd, typename Grad>
-Tensor unary_op(const char* name, const Tensor& x, Fwd fwd, Grad grad_fn, Saved which) {
+Tensor unary_op(const char* name, const Tensor& input, Fwd fwd, Grad grad_fn, Saved which) {
+  const Tensor x = autocast::cast_input(name, input);  // exp, log, pow, rsqrt run in f32 under autocast
   Tensor out = map_unary(name, x, fwd);
   if (autograd::needs_grad({x})) {
     auto node = std::make_shared<LambdaNode>(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/elementwise/elementwise.h"
@@ -81,7 +82,8 @@ Tensor expand_back(const Tensor& grad, const Shape& input_shape, const std::vect
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor sum(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast::cast_input("sum", input);
   ops::check_floating("sum", x);
   const std::vector<bool> reduced = reduced_dims("sum", x, dims);
   Tensor out = reduce("sum", x, reduced, keepdim, ops::ReduceKind::sum);
@@ -96,7 +98,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return out;
 }
 
-Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor mean(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast::cast_input("mean", input);
   ops::check_floating("mean", x);
   const std::vector<bool> reduced = reduced_dims("mean", x, dims);
   int64_t count = 1;
@@ -132,7 +135,8 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor max(const Tensor& x) { return max(x.reshape({-1}), 0, /*keepdim=*/false); }
 
-Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& input, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  const Tensor x = autocast::cast_input("var", input);
   ops::check_floating("var", x);
   const std::vector<bool> reduced = reduced_dims("var", x, dims);
   int64_t count = 1;

@@ -1,0 +1,118 @@
+#include "autograd/autocast.h"
+
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+
+namespace mt {
+
+namespace {
+
+struct DeviceTypeState {
+  bool enabled = false;
+  DType dtype = DType::bf16;
+};
+
+struct CacheEntry {
+  std::weak_ptr<TensorImpl> source;  // identity check: a freed and reused address is not a hit
+  uint64_t version = 0;
+  Tensor cast;
+};
+
+struct AutocastState {
+  DeviceTypeState per_type[2];
+  int depth = 0;
+  uint64_t casts = 0;
+  std::map<std::pair<const TensorImpl*, DType>, CacheEntry> cache;  // Note [Autocast cast cache]
+};
+
+thread_local AutocastState t_state;
+
+DeviceTypeState& for_type(DeviceType t) { return t_state.per_type[static_cast<int>(t)]; }
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+Tensor cast_to(const Tensor& t, DType target) {
+  if (t.dtype() == target) return t;
+  const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf();
+  const auto key = std::make_pair(static_cast<const TensorImpl*>(t.impl()), target);
+  if (cacheable) {
+    auto it = t_state.cache.find(key);
+    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() &&
+        it->second.version == t.version()) {
+      return it->second.cast;
+    }
+  }
+  Tensor cast = t.to(target);
+  ++t_state.casts;
+  if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.version(), cast};
+  return cast;
+}
+
+}  // namespace
+
+AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled)
+    : device_type_(device_type),
+      previous_enabled_(for_type(device_type).enabled),
+      previous_dtype_(for_type(device_type).dtype) {
+  MT_CHECK_T(DTypeError, is_half(dtype), "AutocastGuard: the low-precision dtype must be f16 or bf16, got ",
+             dtype_name(dtype));
+  for_type(device_type).enabled = enabled;
+  for_type(device_type).dtype = dtype;
+  ++t_state.depth;
+}
+
+AutocastGuard::~AutocastGuard() {
+  for_type(device_type_).enabled = previous_enabled_;
+  for_type(device_type_).dtype = previous_dtype_;
+  if (--t_state.depth == 0) t_state.cache.clear();
+}
+
+namespace autocast {
+
+bool is_enabled(DeviceType device_type) { return for_type(device_type).enabled; }
+DType dtype(DeviceType device_type) { return for_type(device_type).dtype; }
+uint64_t cast_count() { return t_state.casts; }
+
+std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && is_floating(t.dtype())) {
+      first = &t;
+      break;
+    }
+  }
+  if (first == nullptr || !is_enabled(first->device().type)) return inputs;
+  const DeviceType type = first->device().type;
+  switch (policy_for(op)) {
+    case CastPolicy::lower_precision:
+      for (Tensor& t : inputs) {
+        if (t.defined() && t.dtype() == DType::f32 && t.device().type == type) t = cast_to(t, dtype(type));
+      }
+      break;
+    case CastPolicy::fp32:
+      for (Tensor& t : inputs) {
+        if (t.defined() && is_half(t.dtype())) t = cast_to(t, DType::f32);
+      }
+      break;
+    case CastPolicy::promote: {
+      DType widest = first->dtype();
+      for (const Tensor& t : inputs) {
+        if (t.defined() && is_floating(t.dtype())) widest = promote_types(widest, t.dtype());
+      }
+      for (Tensor& t : inputs) {
+        if (t.defined() && (is_half(t.dtype()) || t.dtype() == DType::f32)) t = cast_to(t, widest);
+      }
+      break;
+    }
+    case CastPolicy::none:
+      break;
+  }
+  return inputs;
+}
+
+Tensor cast_input(const char* op, const Tensor& input) { return cast_inputs(op, {input})[0]; }
+
+}  // namespace autocast
+}  // namespace mt

@@ -1,0 +1,70 @@
+// Autocast: inside an AutocastGuard, ops run in the precision their numerics
+// allow, as PyTorch's CUDA autocast policy does (aten/src/ATen/autocast_mode.h):
+//
+//   { mt::AutocastGuard amp(mt::DeviceType::cuda, mt::DType::bf16);
+//     auto loss = mt::cross_entropy(model(x), y); }   // GEMMs in bf16, the loss in f32
+//   loss.backward();                                   // outside the region, as in PyTorch
+//
+// The policy (one table, autograd/autocast_policy.cpp, printed in the README):
+//   lower_precision: matmul, bmm, linear, conv2d, attention   -> the region's dtype
+//   fp32: exp, log, pow, rsqrt, softplus, layer_norm, rms_norm, softmax,
+//         log_softmax, cross_entropy (every loss), sum, mean, var, norms -> f32
+//   promote: add, sub, mul, div, cat, stack, where            -> the widest input dtype
+//   anything else runs in its inputs' dtype.
+// Only f32 tensors are cast to the low dtype, and only f16/bf16 ones up to f32:
+// f64 and integer tensors are never touched. Casts are recorded before the op,
+// so backward sees the low-precision saved tensors and the gradient of a cast
+// input comes back in the input's own dtype.
+//
+// Note [Autocast cast cache]
+// A leaf f32 parameter that requires grad is cast once per region and dtype:
+// the cast is cached by tensor identity and storage version, so an in-place
+// update (an optimizer step inside the region) invalidates it (the bug of
+// PyTorch issues 65766 and 158232). The cache is cleared when the outermost
+// region exits.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace mt {
+
+class AutocastGuard {
+ public:
+  // dtype must be f16 or bf16. enabled = false opens an f32 sub-region.
+  AutocastGuard(DeviceType device_type, DType dtype, bool enabled = true);
+  explicit AutocastGuard(DeviceType device_type, bool enabled) : AutocastGuard(device_type, DType::bf16, enabled) {}
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DeviceType device_type_;
+  bool previous_enabled_;
+  DType previous_dtype_;
+};
+
+namespace autocast {
+
+enum class CastPolicy { lower_precision, fp32, promote, none };
+
+bool is_enabled(DeviceType device_type);
+DType dtype(DeviceType device_type);
+CastPolicy policy_for(const char* op);
+// (op, policy) for every op the table names, in table order (documentation, tests).
+std::vector<std::pair<const char*, CastPolicy>> policy_table();
+const char* policy_name(CastPolicy policy);
+
+// Applies the policy of `op` to its floating inputs (others pass through).
+std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs);
+Tensor cast_input(const char* op, const Tensor& input);
+
+// Number of casts autocast has made on this thread (tests count cache hits with it).
+uint64_t cast_count();
+
+}  // namespace autocast
+}  // namespace mt

@@ -1,0 +1,145 @@
+// A multi-layer perceptron learns to classify points of a three-armed spiral.
+//
+//   build/examples/mlp --device cuda --steps 2000
+//
+// The training loop is what a user writes: forward, loss, backward, step.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "ops/loss/loss.h"
+#include "ops/matmul/matmul.h"
+#include "ops/ops.h"
+#include "optim/sgd.h"
+
+namespace {
+
+struct Dataset {
+  mt::Tensor points;  // [N, 2]
+  mt::Tensor labels;  // [N] i64
+};
+
+// Three interleaved spiral arms with a little noise: not linearly separable.
+Dataset make_spirals(int64_t per_class, uint64_t seed) {
+  constexpr int kClasses = 3;
+  mt::Generator gen(seed);
+  const std::vector<double> noise = mt::randn({per_class * kClasses * 2}, mt::DType::f64, &gen).to_vector<double>();
+  std::vector<double> xy;
+  std::vector<double> labels;
+  for (int c = 0; c < kClasses; ++c) {
+    for (int64_t i = 0; i < per_class; ++i) {
+      const double r = static_cast<double>(i) / static_cast<double>(per_class);  // radius in [0, 1)
+      const double theta = 4.0 * r + 2.0 * M_PI * c / kClasses;
+      const size_t k = static_cast<size_t>(2 * (c * per_class + i));
+      xy.push_back(r * std::sin(theta) + 0.02 * noise[k]);
+      xy.push_back(r * std::cos(theta) + 0.02 * noise[k + 1]);
+      labels.push_back(c);
+    }
+  }
+  const int64_t n = per_class * kClasses;
+  return {mt::from_vector(xy, {n, 2}), mt::from_vector(labels, {n}, mt::DType::i64)};
+}
+
+// One linear layer's parameters, initialised like torch.nn.Linear (uniform +-1/sqrt(in)).
+struct Layer {
+  mt::Tensor weight;  // [out, in]
+  mt::Tensor bias;    // [out]
+  Layer(int64_t in, int64_t out, mt::Device device, mt::Generator& gen) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    weight = mt::uniform({out, in}, -bound, bound, mt::TensorOptions().device(device), &gen).requires_grad_();
+    bias = mt::uniform({out}, -bound, bound, mt::TensorOptions().device(device), &gen).requires_grad_();
+  }
+};
+
+double accuracy(const mt::Tensor& logits, const std::vector<int64_t>& labels) {
+  const std::vector<float> values = logits.to_vector<float>();
+  const int64_t classes = logits.size(1);
+  int64_t correct = 0;
+  for (size_t row = 0; row < labels.size(); ++row) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c) {
+      if (values[row * classes + c] > values[row * classes + best]) best = c;
+    }
+    correct += best == labels[row];
+  }
+  return static_cast<double>(correct) / static_cast<double>(labels.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train an MLP on a synthetic three-class spiral"};
+  std::string device_name = "cpu";
+  int steps = 1500;
+  int hidden = 64;
+  int per_class = 300;
+  double lr = 0.2;
+  double momentum = 0.9;
+  uint64_t seed = 0;
+  int log_every = 100;
+  double min_accuracy = 0.0;
+  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--steps", steps, "training steps (full batch)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--hidden", hidden, "hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--points-per-class", per_class, "points per spiral arm")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--momentum", momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 0.999));
+  app.add_option("--seed", seed, "seed for data and initialisation")->capture_default_str();
+  app.add_option("--log-every", log_every, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is lower")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const mt::Device device(device_name);
+    mt::manual_seed(seed);
+    mt::Generator gen(seed);
+    const Dataset data = make_spirals(per_class, seed);
+    const std::vector<int64_t> labels = data.labels.to_vector<int64_t>();
+    const mt::Tensor x = data.points.to(device);
+    const mt::Tensor y = data.labels.to(device);
+
+    Layer l1(2, hidden, device, gen), l2(hidden, hidden, device, gen), l3(hidden, 3, device, gen);
+    mt::SGD optimizer({l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias},
+                      mt::SGDOptions(lr).momentum(momentum));
+    auto forward = [&](const mt::Tensor& input) {
+      mt::Tensor h = mt::relu(mt::linear(input, l1.weight, l1.bias));
+      h = mt::relu(mt::linear(h, l2.weight, l2.bias));
+      return mt::linear(h, l3.weight, l3.bias);  // [N, 3] logits
+    };
+
+    std::printf("mlp: %lld points, 3 classes, 2-%d-%d-3 MLP on %s, SGD lr %.3g momentum %.3g\n",
+                static_cast<long long>(x.size(0)), hidden, hidden, device.str().c_str(), lr, momentum);
+    const auto start = std::chrono::steady_clock::now();
+    double acc = 0.0;
+    for (int step = 1; step <= steps; ++step) {
+      const mt::Tensor logits = forward(x);
+      const mt::Tensor loss = mt::cross_entropy(logits, y);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      if (step % log_every == 0 || step == steps) {
+        acc = accuracy(logits, labels);  // reading values waits for the device: only when logging
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  %.2f ms/step\n", step, loss.item(), 100.0 * acc,
+                    1000.0 * seconds / step);
+      }
+    }
+    {
+      mt::NoGradGuard no_grad;
+      acc = accuracy(forward(x), labels);
+    }
+    std::printf("final accuracy: %.1f%%\n", 100.0 * acc);
+    if (acc < min_accuracy) {
+      std::fprintf(stderr, "mlp: accuracy %.1f%% is below --min-accuracy %.1f%%\n", 100.0 * acc, 100.0 * min_accuracy);
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,122 @@
+// Autocast: region state, the op policy, the cast cache.
+#include "autograd/autocast.h"
+#include "ops/ops.h"
+#include "tests/test_util.h"
+
+namespace mt {
+namespace {
+
+TEST(Autocast, RegionsNestAndRestore) {
+  EXPECT_FALSE(autocast::is_enabled(DeviceType::cpu));
+  {
+    AutocastGuard outer(DeviceType::cpu, DType::bf16);
+    EXPECT_TRUE(autocast::is_enabled(DeviceType::cpu));
+    EXPECT_EQ(autocast::dtype(DeviceType::cpu), DType::bf16);
+    EXPECT_FALSE(autocast::is_enabled(DeviceType::cuda));
+    {
+      AutocastGuard inner(DeviceType::cpu, DType::f16);
+      EXPECT_EQ(autocast::dtype(DeviceType::cpu), DType::f16);
+      {
+        AutocastGuard off(DeviceType::cpu, /*enabled=*/false);
+        EXPECT_FALSE(autocast::is_enabled(DeviceType::cpu));
+      }
+      EXPECT_TRUE(autocast::is_enabled(DeviceType::cpu));
+    }
+    EXPECT_EQ(autocast::dtype(DeviceType::cpu), DType::bf16);
+  }
+  EXPECT_FALSE(autocast::is_enabled(DeviceType::cpu));
+}
+
+TEST(Autocast, RejectsNonHalfDtypes) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }
+
+TEST(Autocast, Fp32OpsUpcastHalfInputs) {
+  for (DType low : {DType::f16, DType::bf16}) {
+    AutocastGuard amp(DeviceType::cpu, low);
+    const Tensor h = ones({4}, low);
+    EXPECT_EQ(exp(h).dtype(), DType::f32);
+    EXPECT_EQ(log(h).dtype(), DType::f32);
+    EXPECT_EQ(pow(h, 2.0).dtype(), DType::f32);
+    EXPECT_EQ(rsqrt(h).dtype(), DType::f32);
+    EXPECT_EQ(sum(h).dtype(), DType::f32);
+    EXPECT_EQ(mean(h).dtype(), DType::f32);
+    EXPECT_EQ(var(h).dtype(), DType::f32);
+    // Not in the table: runs in the input dtype.
+    EXPECT_EQ(relu(h).dtype(), low);
+    EXPECT_EQ(tanh(h).dtype(), low);
+    // Widest type for mixed inputs.
+    EXPECT_EQ((h + ones({4})).dtype(), DType::f32);
+  }
+}
+
+TEST(Autocast, NeverTouchesF64OrOtherDevices) {
+  AutocastGuard amp(DeviceType::cuda, DType::f16);  // a CUDA region does not affect CPU tensors
+  EXPECT_EQ(exp(ones({2}, DType::f16)).dtype(), DType::f16);
+  AutocastGuard cpu_amp(DeviceType::cpu, DType::f16);
+  EXPECT_EQ(exp(ones({2}, DType::f64)).dtype(), DType::f64);
+}
+
+TEST(Autocast, GradientOfACastInputComesBackInItsDtype) {
+  Tensor x = ones({3}, DType::bf16).requires_grad_();
+  Tensor loss;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    loss = sum(exp(x));  // exp runs in f32
+  }
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  loss.backward();
+  EXPECT_EQ(x.grad().dtype(), DType::bf16);
+}
+
+TEST(Autocast, PolicyTableNamesEveryRequiredOp) {
+  const char* lower[] = {"matmul", "bmm", "linear", "conv2d", "scaled_dot_product_attention"};
+  const char* fp32[] = {"exp",     "log",         "pow",           "rsqrt", "softplus", "layer_norm", "rms_norm",
+                        "softmax", "log_softmax", "cross_entropy", "sum",   "mean",     "var"};
+  const char* promote[] = {"add", "sub", "mul", "div", "cat", "where"};
+  for (const char* op : lower) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::lower_precision) << op;
+  for (const char* op : fp32) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::fp32) << op;
+  for (const char* op : promote) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::promote) << op;
+  EXPECT_EQ(autocast::policy_for("relu"), autocast::CastPolicy::none);
+}
+
+TEST(AutocastCache, AParameterUsedTwiceIsCastOnceAndAnInPlaceUpdateRecasts) {
+  Tensor w = ones({4}).requires_grad_();  // an f32 leaf parameter
+  AutocastGuard amp(DeviceType::cpu, DType::bf16);
+  const uint64_t before = autocast::cast_count();
+  const Tensor a = autocast::cast_input("matmul", w);
+  const Tensor b = autocast::cast_input("matmul", w);
+  EXPECT_EQ(a.dtype(), DType::bf16);
+  EXPECT_EQ(autocast::cast_count() - before, 1u);
+  EXPECT_EQ(a.impl(), b.impl());
+  {
+    NoGradGuard no_grad;
+    w.fill_(2.0);  // an optimizer step inside the region
+  }
+  const Tensor c = autocast::cast_input("matmul", w);
+  EXPECT_EQ(autocast::cast_count() - before, 2u);
+  EXPECT_EQ(c.to_vector<double>()[0], 2.0);
+}
+
+TEST(AutocastCache, NonParametersAreNotCached) {
+  const Tensor activation = ones({4});  // does not require grad
+  AutocastGuard amp(DeviceType::cpu, DType::f16);
+  const uint64_t before = autocast::cast_count();
+  autocast::cast_input("matmul", activation);
+  autocast::cast_input("matmul", activation);
+  EXPECT_EQ(autocast::cast_count() - before, 2u);
+}
+
+TEST(AutocastCache, ClearedWhenTheOutermostRegionExits) {
+  Tensor w = ones({4}).requires_grad_();
+  uint64_t before = 0;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    before = autocast::cast_count();
+    autocast::cast_input("matmul", w);
+  }
+  AutocastGuard again(DeviceType::cpu, DType::bf16);
+  autocast::cast_input("matmul", w);
+  EXPECT_EQ(autocast::cast_count() - before, 2u);
+}
+
+}  // namespace
+}  // namespace mt
