@@ -39,8 +39,7 @@ Tensor cast_to(const Tensor& t, DType target) {
   const auto key = std::make_pair(static_cast<const TensorImpl*>(t.impl()), target);
   if (cacheable) {
     auto it = t_state.cache.find(key);
-    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() &&
-        it->second.version == t.version()) {
+    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() && it->second.version == t.version()) {
       return it->second.cast;
     }
   }

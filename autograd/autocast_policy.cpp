@@ -14,15 +14,34 @@ struct Entry {
 
 constexpr Entry kPolicy[] = {
     // Tensor-core work: the low dtype.
-    {"matmul", P::lower_precision}, {"bmm", P::lower_precision}, {"linear", P::lower_precision},
-    {"conv2d", P::lower_precision}, {"scaled_dot_product_attention", P::lower_precision},
+    {"matmul", P::lower_precision},
+    {"bmm", P::lower_precision},
+    {"linear", P::lower_precision},
+    {"conv2d", P::lower_precision},
+    {"scaled_dot_product_attention", P::lower_precision},
     // Range or accumulation needs f32.
-    {"exp", P::fp32}, {"log", P::fp32}, {"pow", P::fp32}, {"rsqrt", P::fp32}, {"softplus", P::fp32},
-    {"layer_norm", P::fp32}, {"rms_norm", P::fp32}, {"softmax", P::fp32}, {"log_softmax", P::fp32},
-    {"cross_entropy", P::fp32}, {"sum", P::fp32}, {"mean", P::fp32}, {"var", P::fp32}, {"norm", P::fp32},
+    {"exp", P::fp32},
+    {"log", P::fp32},
+    {"pow", P::fp32},
+    {"rsqrt", P::fp32},
+    {"softplus", P::fp32},
+    {"layer_norm", P::fp32},
+    {"rms_norm", P::fp32},
+    {"softmax", P::fp32},
+    {"log_softmax", P::fp32},
+    {"cross_entropy", P::fp32},
+    {"sum", P::fp32},
+    {"mean", P::fp32},
+    {"var", P::fp32},
+    {"norm", P::fp32},
     // Mixed inputs: the widest.
-    {"add", P::promote}, {"sub", P::promote}, {"mul", P::promote}, {"div", P::promote}, {"cat", P::promote},
-    {"stack", P::promote}, {"where", P::promote},
+    {"add", P::promote},
+    {"sub", P::promote},
+    {"mul", P::promote},
+    {"div", P::promote},
+    {"cat", P::promote},
+    {"stack", P::promote},
+    {"where", P::promote},
 };
 }  // namespace
 
@@ -41,10 +60,14 @@ std::vector<std::pair<const char*, CastPolicy>> policy_table() {
 
 const char* policy_name(CastPolicy policy) {
   switch (policy) {
-    case P::lower_precision: return "lower precision (f16/bf16)";
-    case P::fp32: return "f32";
-    case P::promote: return "widest input type";
-    case P::none: return "inputs' dtype";
+    case P::lower_precision:
+      return "lower precision (f16/bf16)";
+    case P::fp32:
+      return "f32";
+    case P::promote:
+      return "widest input type";
+    case P::none:
+      return "inputs' dtype";
   }
   return "?";
 }

@@ -72,9 +72,9 @@ class Node : public std::enable_shared_from_this<Node> {
   // Is a gradient needed for input i? Lets apply() skip work nobody asked for.
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
 
-  std::vector<Edge> next_edges;        // one per input
-  std::vector<TensorMeta> input_meta;  // one per input: what its gradient must look like
-  std::vector<TensorMeta> output_meta; // one per output
+  std::vector<Edge> next_edges;         // one per input
+  std::vector<TensorMeta> input_meta;   // one per input: what its gradient must look like
+  std::vector<TensorMeta> output_meta;  // one per output
   // Hooks on this node's outputs (tensor hooks of non-leaf tensors).
   std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> output_hooks;
   uint64_t sequence_nr;  // creation order: later nodes run first in backward

@@ -15,12 +15,12 @@ inline std::string mpi_error_text(int code) {
 }
 }  // namespace mt::detail
 
-#define MT_MPI_CHECK(expr)                                                                                      \
-  do {                                                                                                          \
-    const int mt_status_ = (expr);                                                                              \
-    if (mt_status_ != MPI_SUCCESS) {                                                                            \
-      const std::string mt_text_ = ::mt::detail::mpi_error_text(mt_status_);                                    \
+#define MT_MPI_CHECK(expr)                                                                                         \
+  do {                                                                                                             \
+    const int mt_status_ = (expr);                                                                                 \
+    if (mt_status_ != MPI_SUCCESS) {                                                                               \
+      const std::string mt_text_ = ::mt::detail::mpi_error_text(mt_status_);                                       \
       ::mt::detail::throw_vendor_error("MPI", static_cast<long>(mt_status_), "MPI_ERR", mt_text_, #expr, __FILE__, \
-                                       __LINE__);                                                               \
-    }                                                                                                           \
+                                       __LINE__);                                                                  \
+    }                                                                                                              \
   } while (0)

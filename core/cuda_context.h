@@ -27,8 +27,20 @@ bool built_with_cuda();
 bool is_available();  // built with CUDA and at least one device visible
 int device_count();
 std::string device_name(int device);
-int compute_capability(int device);  // e.g. 90 for sm_90
+int compute_capability(int device);   // e.g. 90 for sm_90
 void synchronize_device(int device);  // tests and benchmarks only; never on a hot path
+
+// Makes `device` the current CUDA device for a scope, then restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
 
 // ---- streams ----
 // A stream: owning (created by Stream::create) or a non-owning reference.

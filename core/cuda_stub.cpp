@@ -13,6 +13,9 @@ namespace {
 
 namespace mt::cuda {
 
+DeviceGuard::DeviceGuard(int) { no_cuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+
 bool built_with_cuda() { return false; }
 bool is_available() { return false; }
 int device_count() { return 0; }

@@ -27,35 +27,109 @@ struct TypeTag {
 // The C++ storage type of each DType, and back.
 template <DType D>
 struct StorageType;
-template <> struct StorageType<DType::f64> { using type = double; };
-template <> struct StorageType<DType::f32> { using type = float; };
-template <> struct StorageType<DType::f16> { using type = Half; };
-template <> struct StorageType<DType::bf16> { using type = BFloat16; };
-template <> struct StorageType<DType::f8e4m3> { using type = Float8E4M3; };
-template <> struct StorageType<DType::f8e5m2> { using type = Float8E5M2; };
-template <> struct StorageType<DType::i64> { using type = int64_t; };
-template <> struct StorageType<DType::i32> { using type = int32_t; };
-template <> struct StorageType<DType::u8> { using type = uint8_t; };
-template <> struct StorageType<DType::boolean> { using type = bool; };
+template <>
+struct StorageType<DType::f64> {
+  using type = double;
+};
+template <>
+struct StorageType<DType::f32> {
+  using type = float;
+};
+template <>
+struct StorageType<DType::f16> {
+  using type = Half;
+};
+template <>
+struct StorageType<DType::bf16> {
+  using type = BFloat16;
+};
+template <>
+struct StorageType<DType::f8e4m3> {
+  using type = Float8E4M3;
+};
+template <>
+struct StorageType<DType::f8e5m2> {
+  using type = Float8E5M2;
+};
+template <>
+struct StorageType<DType::i64> {
+  using type = int64_t;
+};
+template <>
+struct StorageType<DType::i32> {
+  using type = int32_t;
+};
+template <>
+struct StorageType<DType::u8> {
+  using type = uint8_t;
+};
+template <>
+struct StorageType<DType::boolean> {
+  using type = bool;
+};
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<Half>() { return DType::f16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<Float8E4M3>() { return DType::f8e4m3; }
-template <> constexpr DType dtype_of<Float8E5M2>() { return DType::f8e5m2; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<Float8E4M3>() {
+  return DType::f8e4m3;
+}
+template <>
+constexpr DType dtype_of<Float8E5M2>() {
+  return DType::f8e5m2;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 // The type arithmetic happens in: double for f64, float for everything narrower.
-template <typename T> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
-template <> struct AccType<int64_t> { using type = int64_t; };
-template <> struct AccType<int32_t> { using type = int64_t; };
-template <typename T> using acc_t = typename AccType<T>::type;
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <>
+struct AccType<int64_t> {
+  using type = int64_t;
+};
+template <>
+struct AccType<int32_t> {
+  using type = int64_t;
+};
+template <typename T>
+using acc_t = typename AccType<T>::type;
 
 namespace detail {
 [[noreturn]] void throw_unsupported_dtype(const char* op, DType dtype);
@@ -68,7 +142,8 @@ decltype(auto) dispatch_among(DType dtype, const char* op, F&& f) {
     if (!done) throw_unsupported_dtype(op, dtype);
   } else {
     R result{};
-    bool done = ((dtype == Allowed ? (result = f(TypeTag<typename StorageType<Allowed>::type>{}), true) : false) || ...);
+    bool done =
+        ((dtype == Allowed ? (result = f(TypeTag<typename StorageType<Allowed>::type>{}), true) : false) || ...);
     if (!done) throw_unsupported_dtype(op, dtype);
     return result;
   }
@@ -99,11 +174,26 @@ template <typename T>
 MT_HOST_DEVICE inline double to_double(T v) {
   return static_cast<double>(static_cast<float>(v));
 }
-template <> MT_HOST_DEVICE inline double to_double<double>(double v) { return v; }
-template <> MT_HOST_DEVICE inline double to_double<int64_t>(int64_t v) { return static_cast<double>(v); }
-template <> MT_HOST_DEVICE inline double to_double<int32_t>(int32_t v) { return static_cast<double>(v); }
-template <> MT_HOST_DEVICE inline double to_double<uint8_t>(uint8_t v) { return static_cast<double>(v); }
-template <> MT_HOST_DEVICE inline double to_double<bool>(bool v) { return v ? 1.0 : 0.0; }
+template <>
+MT_HOST_DEVICE inline double to_double<double>(double v) {
+  return v;
+}
+template <>
+MT_HOST_DEVICE inline double to_double<int64_t>(int64_t v) {
+  return static_cast<double>(v);
+}
+template <>
+MT_HOST_DEVICE inline double to_double<int32_t>(int32_t v) {
+  return static_cast<double>(v);
+}
+template <>
+MT_HOST_DEVICE inline double to_double<uint8_t>(uint8_t v) {
+  return static_cast<double>(v);
+}
+template <>
+MT_HOST_DEVICE inline double to_double<bool>(bool v) {
+  return v ? 1.0 : 0.0;
+}
 
 // Converts between any two element types. Narrow floats go through f32;
 // f64 -> narrow goes f64 -> f32 -> narrow (Note [Conversion rule]).

@@ -7,16 +7,26 @@ namespace mt {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::f8e4m3: return "f8e4m3";
-    case DType::f8e5m2: return "f8e5m2";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
-    case DType::u8: return "u8";
-    case DType::boolean: return "bool";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::f8e4m3:
+      return "f8e4m3";
+    case DType::f8e5m2:
+      return "f8e5m2";
+    case DType::i64:
+      return "i64";
+    case DType::i32:
+      return "i32";
+    case DType::u8:
+      return "u8";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }
@@ -39,21 +49,31 @@ namespace {
 int float_rank(DType t) {
   switch (t) {
     case DType::f8e4m3:
-    case DType::f8e5m2: return 1;
+    case DType::f8e5m2:
+      return 1;
     case DType::f16:
-    case DType::bf16: return 2;
-    case DType::f32: return 3;
-    case DType::f64: return 4;
-    default: return 0;
+    case DType::bf16:
+      return 2;
+    case DType::f32:
+      return 3;
+    case DType::f64:
+      return 4;
+    default:
+      return 0;
   }
 }
 int int_rank(DType t) {
   switch (t) {
-    case DType::boolean: return 1;
-    case DType::u8: return 2;
-    case DType::i32: return 3;
-    case DType::i64: return 4;
-    default: return 0;
+    case DType::boolean:
+      return 1;
+    case DType::u8:
+      return 2;
+    case DType::i32:
+      return 3;
+    case DType::i64:
+      return 4;
+    default:
+      return 0;
   }
 }
 }  // namespace

@@ -37,8 +37,8 @@ constexpr size_t element_size(DType t) {
 }
 
 constexpr bool is_floating(DType t) {
-  return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16 ||
-         t == DType::f8e4m3 || t == DType::f8e5m2;
+  return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f8e4m3 ||
+         t == DType::f8e5m2;
 }
 
 // The types ops compute with and produce (f8 is a storage format: GEMM inputs, casts).

@@ -61,18 +61,18 @@ std::string str_cat(Args&&... args) {
 }  // namespace mt
 
 // MT_CHECK(cond, "op: message ", value, ...) throws mt::Error (or the type given to MT_CHECK_T).
-#define MT_CHECK_T(ErrorType, cond, ...)                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      throw ErrorType(::mt::detail::str_cat(__VA_ARGS__));        \
-    }                                                             \
+#define MT_CHECK_T(ErrorType, cond, ...)                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      throw ErrorType(::mt::detail::str_cat(__VA_ARGS__)); \
+    }                                                      \
   } while (0)
 
 #define MT_CHECK(cond, ...) MT_CHECK_T(::mt::Error, cond, __VA_ARGS__)
 
-#define MT_INTERNAL_ASSERT(cond, ...)                                                         \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
+#define MT_INTERNAL_ASSERT(cond, ...)                                                                 \
+  do {                                                                                                \
+    if (!(cond)) {                                                                                    \
       ::mt::detail::throw_internal(#cond, __FILE__, __LINE__, ::mt::detail::str_cat("" __VA_ARGS__)); \
-    }                                                                                         \
+    }                                                                                                 \
   } while (0)

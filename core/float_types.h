@@ -88,7 +88,7 @@ MT_HOST_DEVICE inline uint16_t f32_to_f16(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (payload ? payload : 0x200u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (abs < 0x38800000u) {                                                // below 2^-14: subnormal
+  if (abs < 0x38800000u) {                                               // below 2^-14: subnormal
     return static_cast<uint16_t>(sign | round_subnormal(abs, -24));
   }
   return static_cast<uint16_t>(sign | round_normal(abs, 10, 112));

@@ -16,8 +16,9 @@ std::map<std::pair<int, int>, Generator>& generators() {
 
 Tensor draw(const Shape& shape, TensorOptions options, Generator* generator, kernels::Distribution dist, double a,
             double b) {
-  MT_CHECK_T(DTypeError, is_compute_floating(options.dtype()), dist == kernels::Distribution::uniform ? "rand" : "randn",
-             ": dtype ", dtype_name(options.dtype()), " is not a floating type (use f64, f32, f16 or bf16)");
+  MT_CHECK_T(DTypeError, is_compute_floating(options.dtype()),
+             dist == kernels::Distribution::uniform ? "rand" : "randn", ": dtype ", dtype_name(options.dtype()),
+             " is not a floating type (use f64, f32, f16 or bf16)");
   Tensor t = empty(shape, options.requires_grad(false));
   Generator& gen = generator ? *generator : default_generator(options.device());
   const uint64_t offset = gen.advance(static_cast<uint64_t>(t.numel()));
@@ -38,7 +39,8 @@ Generator& default_generator(Device device) {
 void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(g_generators_mutex);
   generators()[{static_cast<int>(DeviceType::cpu), 0}].manual_seed(seed);
-  for (int d = 0; d < cuda::device_count(); ++d) generators()[{static_cast<int>(DeviceType::cuda), d}].manual_seed(seed);
+  for (int d = 0; d < cuda::device_count(); ++d)
+    generators()[{static_cast<int>(DeviceType::cuda), d}].manual_seed(seed);
 }
 
 Tensor rand(const Shape& shape, TensorOptions options, Generator* generator) {

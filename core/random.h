@@ -77,7 +77,8 @@ MT_HOST_DEVICE inline T next_below(T x) {
   } else {  // a NarrowFloat: step the sign-magnitude bits
     using Bits = typename T::Storage;
     constexpr Bits sign = static_cast<Bits>(Bits(1) << (8 * sizeof(Bits) - 1));
-    if ((x.x & static_cast<Bits>(~sign)) == 0) return T::from_bits(static_cast<Bits>(sign | 1));  // +-0 -> -min subnormal
+    if ((x.x & static_cast<Bits>(~sign)) == 0)
+      return T::from_bits(static_cast<Bits>(sign | 1));  // +-0 -> -min subnormal
     return T::from_bits(static_cast<Bits>((x.x & sign) ? x.x + 1 : x.x - 1));
   }
 }
@@ -123,7 +124,6 @@ void manual_seed(uint64_t seed);  // seeds the CPU generator and every CUDA devi
 Tensor rand(const Shape& shape, TensorOptions options = {}, Generator* generator = nullptr);
 Tensor randn(const Shape& shape, TensorOptions options = {}, Generator* generator = nullptr);
 // Uniform in [low, high).
-Tensor uniform(const Shape& shape, double low, double high, TensorOptions options = {},
-               Generator* generator = nullptr);
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions options = {}, Generator* generator = nullptr);
 
 }  // namespace mt

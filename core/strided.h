@@ -18,8 +18,8 @@ struct StridedIndexer {
   // Strides of `t` over `shape` (t must already have that shape, e.g. via expand).
   explicit StridedIndexer(const Tensor& t) : StridedIndexer(t.shape(), t.strides()) {}
   StridedIndexer(const Shape& shape, const Shape& stride) {
-    MT_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensor has ", shape.size(),
-             " dimensions; at most ", kMaxDims, " are supported");
+    MT_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensor has ", shape.size(), " dimensions; at most ",
+             kMaxDims, " are supported");
     // Drop size-1 dims and merge dims that are contiguous with each other: fewer
     // divisions per element.
     for (size_t i = 0; i < shape.size(); ++i) {

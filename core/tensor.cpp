@@ -70,8 +70,8 @@ void* Tensor::data_ptr() const {
 
 template <typename T>
 T* Tensor::data() const {
-  MT_CHECK_T(DTypeError, dtype_of<T>() == dtype(), "Tensor::data: tensor has dtype ", dtype_name(dtype()),
-             " but ", dtype_name(dtype_of<T>()), " was asked for");
+  MT_CHECK_T(DTypeError, dtype_of<T>() == dtype(), "Tensor::data: tensor has dtype ", dtype_name(dtype()), " but ",
+             dtype_name(dtype_of<T>()), " was asked for");
   return static_cast<T*>(data_ptr());
 }
 
@@ -158,8 +158,8 @@ Tensor finish(Tensor t, const TensorOptions& options) { return detail::apply_req
 Tensor empty(const Shape& shape, TensorOptions options) {
   check_shape(shape, "empty");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * element_size(options.dtype()),
-                                    options.device());
+  impl->storage =
+      Storage::allocate(static_cast<size_t>(shape_numel(shape)) * element_size(options.dtype()), options.device());
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype();

@@ -53,12 +53,24 @@ struct TensorImpl {
 class TensorOptions {
  public:
   TensorOptions() = default;
-  TensorOptions(DType d) : dtype_(d) {}     // NOLINT: zeros({2}, DType::f16)
-  TensorOptions(Device d) : device_(d) {}   // NOLINT: zeros({2}, Device("cuda"))
+  TensorOptions(DType d) : dtype_(d) {}         // NOLINT: zeros({2}, DType::f16)
+  TensorOptions(Device d) : device_(d) {}       // NOLINT: zeros({2}, Device("cuda"))
   TensorOptions(const char* d) : device_(d) {}  // NOLINT: zeros({2}, "cuda")
-  TensorOptions dtype(DType d) const { auto o = *this; o.dtype_ = d; return o; }
-  TensorOptions device(Device d) const { auto o = *this; o.device_ = d; return o; }
-  TensorOptions requires_grad(bool r) const { auto o = *this; o.requires_grad_ = r; return o; }
+  TensorOptions dtype(DType d) const {
+    auto o = *this;
+    o.dtype_ = d;
+    return o;
+  }
+  TensorOptions device(Device d) const {
+    auto o = *this;
+    o.device_ = d;
+    return o;
+  }
+  TensorOptions requires_grad(bool r) const {
+    auto o = *this;
+    o.requires_grad_ = r;
+    return o;
+  }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool requires_grad() const { return requires_grad_; }

@@ -9,8 +9,8 @@ namespace mt::raw {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t lo = -std::max<int64_t>(ndim, 1), hi = std::max<int64_t>(ndim, 1) - 1;
-  MT_CHECK_T(ShapeError, dim >= lo && dim <= hi, op, ": dimension ", dim, " is out of range for a tensor with ",
-             ndim, " dimensions (expected ", lo, "..", hi, ")");
+  MT_CHECK_T(ShapeError, dim >= lo && dim <= hi, op, ": dimension ", dim, " is out of range for a tensor with ", ndim,
+             " dimensions (expected ", lo, "..", hi, ")");
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
@@ -40,8 +40,8 @@ Shape infer_size(Shape shape, int64_t numel, const char* op, const Shape& from) 
     }
   }
   if (infer_at >= 0) {
-    MT_CHECK_T(ShapeError, known != 0 && numel % known == 0, op, ": cannot view shape ", shape_str(from), " (",
-               numel, " elements) as ", shape_str(shape));
+    MT_CHECK_T(ShapeError, known != 0 && numel % known == 0, op, ": cannot view shape ", shape_str(from), " (", numel,
+               " elements) as ", shape_str(shape));
     shape[static_cast<size_t>(infer_at)] = numel / known;
   }
   MT_CHECK_T(ShapeError, shape_numel(shape) == numel, op, ": cannot view shape ", shape_str(from), " (", numel,
@@ -154,8 +154,8 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
 }
 
 Tensor expand(const Tensor& t, const Shape& shape) {
-  MT_CHECK_T(ShapeError, shape.size() >= t.shape().size(), "expand: cannot expand shape ", shape_str(t.shape()),
-             " to ", shape_str(shape), " (fewer dimensions)");
+  MT_CHECK_T(ShapeError, shape.size() >= t.shape().size(), "expand: cannot expand shape ", shape_str(t.shape()), " to ",
+             shape_str(shape), " (fewer dimensions)");
   const size_t lead = shape.size() - t.shape().size();
   Shape out_shape(shape.size()), strides(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -178,7 +178,8 @@ Tensor expand(const Tensor& t, const Shape& shape) {
 
 Tensor squeeze(const Tensor& t, int64_t dim) {
   dim = wrap_dim(dim, t.dim(), "squeeze");
-  if (t.dim() == 0 || t.shape()[static_cast<size_t>(dim)] != 1) return as_strided(t, t.shape(), t.strides(), t.offset());
+  if (t.dim() == 0 || t.shape()[static_cast<size_t>(dim)] != 1)
+    return as_strided(t, t.shape(), t.strides(), t.offset());
   Shape shape = t.shape(), strides = t.strides();
   shape.erase(shape.begin() + dim);
   strides.erase(strides.begin() + dim);
@@ -188,7 +189,8 @@ Tensor squeeze(const Tensor& t, int64_t dim) {
 Tensor unsqueeze(const Tensor& t, int64_t dim) {
   dim = wrap_dim(dim, t.dim() + 1, "unsqueeze");
   Shape shape = t.shape(), strides = t.strides();
-  const int64_t stride = dim < t.dim() ? t.shape()[static_cast<size_t>(dim)] * t.strides()[static_cast<size_t>(dim)] : 1;
+  const int64_t stride =
+      dim < t.dim() ? t.shape()[static_cast<size_t>(dim)] * t.strides()[static_cast<size_t>(dim)] : 1;
   shape.insert(shape.begin() + dim, 1);
   strides.insert(strides.begin() + dim, stride);
   return as_strided(t, shape, strides, t.offset());

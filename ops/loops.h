@@ -51,8 +51,8 @@ void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
     const T* y = static_cast<const T*>(b.data_ptr());
     const T* z = static_cast<const T*>(c.data_ptr());
     for (int64_t i = 0; i < n; ++i) {
-      o[oi.offset(i)] = convert<T>(
-          op(convert<A>(x[ai.offset(i)]), convert<A>(y[bi.offset(i)]), convert<A>(z[ci.offset(i)])));
+      o[oi.offset(i)] =
+          convert<T>(op(convert<A>(x[ai.offset(i)]), convert<A>(y[bi.offset(i)]), convert<A>(z[ci.offset(i)])));
     }
   });
 }

@@ -1,10 +1,21 @@
-// Everything a training program needs: tensors, autograd and every op family.
+// Everything a training program needs: tensors, autograd, autocast and every op family.
 //   #include "ops/ops.h"
 #pragma once
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "ops/attention/attention.h"
+#include "ops/conv/conv.h"
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/loss/loss.h"
+#include "ops/matmul/matmul.h"
+#include "ops/norm/norm.h"
 #include "ops/reduction/reduction.h"
+#include "ops/shape/join.h"
 #include "ops/shape/shape.h"
+#include "ops/softmax/softmax.h"
+#include "ops/where/where.h"

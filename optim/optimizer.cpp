@@ -14,6 +14,10 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
   }
 }
 
+void Optimizer::step_unless(const Tensor& found_inf) {
+  if (found_inf.item() == 0.0) step();
+}
+
 void Optimizer::zero_grad() {
   for (ParamGroup& g : groups_) {
     for (Tensor& p : g.params) p.set_grad(Tensor());

@@ -20,6 +20,9 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void step() = 0;
+  // Steps unless found_inf (an f32 [1] tensor from the GradScaler) is non-zero.
+  // The default reads the flag on the host; fused optimizers read it on the device.
+  virtual void step_unless(const Tensor& found_inf);
   // Drops every gradient (set to none, the PyTorch default): the next backward
   // writes fresh gradients instead of adding into zeroed buffers.
   void zero_grad();

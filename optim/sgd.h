@@ -13,10 +13,22 @@ namespace mt {
 class SGDOptions {
  public:
   explicit SGDOptions(double lr) : lr_(lr) {}
-  SGDOptions& momentum(double m) { momentum_ = m; return *this; }
-  SGDOptions& dampening(double d) { dampening_ = d; return *this; }
-  SGDOptions& weight_decay(double wd) { weight_decay_ = wd; return *this; }
-  SGDOptions& nesterov(bool n) { nesterov_ = n; return *this; }
+  SGDOptions& momentum(double m) {
+    momentum_ = m;
+    return *this;
+  }
+  SGDOptions& dampening(double d) {
+    dampening_ = d;
+    return *this;
+  }
+  SGDOptions& weight_decay(double wd) {
+    weight_decay_ = wd;
+    return *this;
+  }
+  SGDOptions& nesterov(bool n) {
+    nesterov_ = n;
+    return *this;
+  }
   double lr() const { return lr_; }
   double momentum() const { return momentum_; }
   double dampening() const { return dampening_; }

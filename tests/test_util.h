@@ -7,8 +7,8 @@
 
 // CUDA cases call this first: on a machine without a GPU (or a CPU-only build)
 // the case is reported as skipped, with the reason, instead of passing silently.
-#define MT_SKIP_WITHOUT_CUDA()                                                                  \
-  do {                                                                                          \
-    if (!::mt::cuda::built_with_cuda()) GTEST_SKIP() << "mixtrain was built without CUDA";       \
-    if (!::mt::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible on this machine";  \
+#define MT_SKIP_WITHOUT_CUDA()                                                                 \
+  do {                                                                                         \
+    if (!::mt::cuda::built_with_cuda()) GTEST_SKIP() << "mixtrain was built without CUDA";     \
+    if (!::mt::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible on this machine"; \
   } while (0)

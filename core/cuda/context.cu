@@ -16,21 +16,6 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// Sets the current device for a scope and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MT_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 struct DeviceState {
   std::once_flag init;
   Stream default_stream;
@@ -42,8 +27,8 @@ struct DeviceState {
 DeviceState& state(int device) {
   // Never destroyed: tensors freed during static destruction still find their pool.
   static auto* states = new DeviceState[kMaxDevices];
-  MT_CHECK_T(DeviceError, device >= 0 && device < device_count(), "cuda:", device, " does not exist (",
-             device_count(), " CUDA device(s) visible)");
+  MT_CHECK_T(DeviceError, device >= 0 && device < device_count(), "cuda:", device, " does not exist (", device_count(),
+             " CUDA device(s) visible)");
   DeviceState& s = states[device];
   std::call_once(s.init, [&] {
     DeviceGuard guard(device);
@@ -71,6 +56,13 @@ size_t pool_reserved(cudaMemPool_t pool) {
 }
 
 }  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  MT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
 bool built_with_cuda() { return true; }
 
@@ -114,8 +106,8 @@ Stream Stream::create(int device, Priority priority) {
   int least = 0, greatest = 0;
   MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t handle = nullptr;
-  MT_CUDA_CHECK(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking,
-                                             priority == Priority::high ? greatest : least));
+  MT_CUDA_CHECK(
+      cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking, priority == Priority::high ? greatest : least));
   Stream s;
   s.handle_ = std::shared_ptr<CUstream_st>(handle, [](cudaStream_t h) { cudaStreamDestroy(h); });
   s.device_ = device;
@@ -163,8 +155,8 @@ StreamGuard::~StreamGuard() { thread_current_streams()[static_cast<size_t>(previ
 Event::Event(int device, Timing timing) : device_(device) {
   state(device);
   DeviceGuard guard(device);
-  MT_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, timing == Timing::enabled ? cudaEventDefault
-                                                                             : cudaEventDisableTiming));
+  MT_CUDA_CHECK(
+      cudaEventCreateWithFlags(&handle_, timing == Timing::enabled ? cudaEventDefault : cudaEventDisableTiming));
 }
 
 Event::~Event() {

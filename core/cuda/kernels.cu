@@ -59,12 +59,12 @@ __global__ void random_kernel(T* dst, StridedIndexer di, Distribution dist, doub
 void copy_cuda(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
-  MT_CHECK_T(DeviceError, src.device() == dst.device(), "copy: source on ", src.device().str(),
-             " and destination on ", dst.device().str(), " (cross-device copies go through Tensor::copy_)");
+  MT_CHECK_T(DeviceError, src.device() == dst.device(), "copy: source on ", src.device().str(), " and destination on ",
+             dst.device().str(), " (cross-device copies go through Tensor::copy_)");
   const cuda::Stream stream = cuda::current_stream(dst.device().index);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
-                                  stream.handle()));
+    MT_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream.handle()));
     return;
   }
   const StridedIndexer di(dst), si(src);

@@ -84,13 +84,18 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--steps", steps, "training steps (full batch)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--hidden", hidden, "hidden width")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--points-per-class", per_class, "points per spiral arm")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--points-per-class", per_class, "points per spiral arm")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--momentum", momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 0.999));
   app.add_option("--seed", seed, "seed for data and initialisation")->capture_default_str();
-  app.add_option("--log-every", log_every, "steps between progress lines")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--log-every", log_every, "steps between progress lines")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is lower")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -23,8 +23,8 @@ __global__ void unary_kernel(T* out, StridedIndexer oi, const T* in, StridedInde
 }
 
 template <typename T, typename Op>
-__global__ void binary_kernel(T* out, StridedIndexer oi, const T* a, StridedIndexer ai, const T* b,
-                              StridedIndexer bi, int64_t n, Op op) {
+__global__ void binary_kernel(T* out, StridedIndexer oi, const T* a, StridedIndexer ai, const T* b, StridedIndexer bi,
+                              int64_t n, Op op) {
   using A = acc_t<T>;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -33,8 +33,8 @@ __global__ void binary_kernel(T* out, StridedIndexer oi, const T* a, StridedInde
 }
 
 template <typename T, typename Op>
-__global__ void ternary_kernel(T* out, StridedIndexer oi, const T* a, StridedIndexer ai, const T* b,
-                               StridedIndexer bi, const T* c, StridedIndexer ci, int64_t n, Op op) {
+__global__ void ternary_kernel(T* out, StridedIndexer oi, const T* a, StridedIndexer ai, const T* b, StridedIndexer bi,
+                               const T* c, StridedIndexer ci, int64_t n, Op op) {
   using A = acc_t<T>;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -53,8 +53,8 @@ void map_unary(const Tensor& out, const Tensor& in, const char* name, Op op) {
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     loops_detail::unary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
-        static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(in.data_ptr()),
-        StridedIndexer(in), n, op);
+        static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(in.data_ptr()), StridedIndexer(in),
+        n, op);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -82,8 +82,8 @@ void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
     using T = typename decltype(tag)::type;
     loops_detail::ternary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
         static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(a.data_ptr()), StridedIndexer(a),
-        static_cast<const T*>(b.data_ptr()), StridedIndexer(b), static_cast<const T*>(c.data_ptr()),
-        StridedIndexer(c), n, op);
+        static_cast<const T*>(b.data_ptr()), StridedIndexer(b), static_cast<const T*>(c.data_ptr()), StridedIndexer(c),
+        n, op);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

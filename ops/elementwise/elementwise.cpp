@@ -159,7 +159,9 @@ Tensor mul(const Tensor& a, double s) {
   return out;
 }
 
-Tensor rdiv(double s, const Tensor& a) { return unary_op("rdiv", a, fn::RDivScalar{s}, fn::RDivScalarGrad{s}, Saved::input); }
+Tensor rdiv(double s, const Tensor& a) {
+  return unary_op("rdiv", a, fn::RDivScalar{s}, fn::RDivScalarGrad{s}, Saved::input);
+}
 
 // ---- unary math ----
 
@@ -168,7 +170,9 @@ Tensor exp(const Tensor& x) { return unary_op("exp", x, fn::Exp{}, fn::ExpGrad{}
 Tensor log(const Tensor& x) { return unary_op("log", x, fn::Log{}, fn::LogGrad{}, Saved::input); }
 Tensor sqrt(const Tensor& x) { return unary_op("sqrt", x, fn::Sqrt{}, fn::SqrtGrad{}, Saved::output); }
 Tensor rsqrt(const Tensor& x) { return unary_op("rsqrt", x, fn::Rsqrt{}, fn::RsqrtGrad{}, Saved::output); }
-Tensor pow(const Tensor& x, double p) { return unary_op("pow", x, fn::PowScalar{p}, fn::PowScalarGrad{p}, Saved::input); }
+Tensor pow(const Tensor& x, double p) {
+  return unary_op("pow", x, fn::PowScalar{p}, fn::PowScalarGrad{p}, Saved::input);
+}
 Tensor abs(const Tensor& x) { return unary_op("abs", x, fn::Abs{}, fn::AbsGrad{}, Saved::input); }
 Tensor tanh(const Tensor& x) { return unary_op("tanh", x, fn::Tanh{}, fn::TanhGrad{}, Saved::output); }
 Tensor sigmoid(const Tensor& x) { return unary_op("sigmoid", x, fn::Sigmoid{}, fn::SigmoidGrad{}, Saved::output); }
@@ -176,8 +180,9 @@ Tensor relu(const Tensor& x) { return unary_op("relu", x, fn::Relu{}, fn::ReluGr
 Tensor silu(const Tensor& x) { return unary_op("silu", x, fn::Silu{}, fn::SiluGrad{}, Saved::input); }
 
 Tensor gelu(const Tensor& x, GeluApproximation approximation) {
-  return approximation == GeluApproximation::tanh ? unary_op("gelu", x, fn::GeluTanh{}, fn::GeluTanhGrad{}, Saved::input)
-                                                  : unary_op("gelu", x, fn::GeluErf{}, fn::GeluErfGrad{}, Saved::input);
+  return approximation == GeluApproximation::tanh
+             ? unary_op("gelu", x, fn::GeluTanh{}, fn::GeluTanhGrad{}, Saved::input)
+             : unary_op("gelu", x, fn::GeluErf{}, fn::GeluErfGrad{}, Saved::input);
 }
 
 // ---- operators ----

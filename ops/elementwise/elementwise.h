@@ -21,13 +21,13 @@ Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
-Tensor rsqrt(const Tensor& x);             // 1 / sqrt(x)
-Tensor pow(const Tensor& x, double p);     // x^p (scalar exponent)
-Tensor abs(const Tensor& x);               // gradient 0 at 0
+Tensor rsqrt(const Tensor& x);          // 1 / sqrt(x)
+Tensor pow(const Tensor& x, double p);  // x^p (scalar exponent)
+Tensor abs(const Tensor& x);            // gradient 0 at 0
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
-Tensor relu(const Tensor& x);              // gradient 0 at 0
-Tensor silu(const Tensor& x);              // x * sigmoid(x)
+Tensor relu(const Tensor& x);                 // gradient 0 at 0
+Tensor silu(const Tensor& x);                 // x * sigmoid(x)
 enum class GeluApproximation { none, tanh };  // none: x * Phi(x) with erf; tanh: GPT-2's form
 Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::none);
 

@@ -11,105 +11,227 @@
 namespace mt::fn {
 
 // ---- binary arithmetic ----
-struct Add { template <typename A> MT_HOST_DEVICE A operator()(A x, A y) const { return x + y; } };
-struct Sub { template <typename A> MT_HOST_DEVICE A operator()(A x, A y) const { return x - y; } };
-struct Mul { template <typename A> MT_HOST_DEVICE A operator()(A x, A y) const { return x * y; } };
-struct Div { template <typename A> MT_HOST_DEVICE A operator()(A x, A y) const { return x / y; } };
+struct Add {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x, A y) const {
+    return x + y;
+  }
+};
+struct Sub {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x, A y) const {
+    return x - y;
+  }
+};
+struct Mul {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x, A y) const {
+    return x * y;
+  }
+};
+struct Div {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x, A y) const {
+    return x / y;
+  }
+};
 // d(x / y)/dy = -x / y^2, written as -grad * x / (y * y); ternary (grad, x, y).
 struct DivGradY {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x, A y) const { return -g * x / (y * y); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x, A y) const {
+    return -g * x / (y * y);
+  }
 };
 
 // ---- with a scalar ----
 struct AddScalar {
   double s;
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return x + static_cast<A>(s); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return x + static_cast<A>(s);
+  }
 };
 struct MulScalar {
   double s;
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return x * static_cast<A>(s); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return x * static_cast<A>(s);
+  }
 };
 // s / x and its derivative -s / x^2 (grad, x)
 struct RDivScalar {
   double s;
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return static_cast<A>(s) / x; }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return static_cast<A>(s) / x;
+  }
 };
 struct RDivScalarGrad {
   double s;
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const { return -g * static_cast<A>(s) / (x * x); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
+    return -g * static_cast<A>(s) / (x * x);
+  }
 };
 struct PowScalar {
   double p;
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::pow(x, static_cast<A>(p)); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::pow(x, static_cast<A>(p));
+  }
 };
 struct PowScalarGrad {  // (grad, x)
   double p;
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
     return p == 0.0 ? A(0) : g * static_cast<A>(p) * math::pow(x, static_cast<A>(p - 1.0));
   }
 };
 
 // ---- unary math ----
-struct Neg { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return -x; } };
-struct Exp { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::exp(x); } };
-struct Log { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::log(x); } };
-struct Sqrt { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::sqrt(x); } };
-struct Rsqrt { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return A(1) / math::sqrt(x); } };
-struct Abs { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::abs(x); } };
-struct Tanh { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return math::tanh(x); } };
-struct Sigmoid {
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return A(1) / (A(1) + math::exp(-x)); }
+struct Neg {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return -x;
+  }
 };
-struct Relu { template <typename A> MT_HOST_DEVICE A operator()(A x) const { return x > A(0) ? x : A(0); } };
+struct Exp {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::exp(x);
+  }
+};
+struct Log {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::log(x);
+  }
+};
+struct Sqrt {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::sqrt(x);
+  }
+};
+struct Rsqrt {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return A(1) / math::sqrt(x);
+  }
+};
+struct Abs {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::abs(x);
+  }
+};
+struct Tanh {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return math::tanh(x);
+  }
+};
+struct Sigmoid {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return A(1) / (A(1) + math::exp(-x));
+  }
+};
+struct Relu {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return x > A(0) ? x : A(0);
+  }
+};
 struct Silu {
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const { return x / (A(1) + math::exp(-x)); }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return x / (A(1) + math::exp(-x));
+  }
 };
 // GELU, exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 struct GeluErf {
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
     return A(0.5) * x * (A(1) + math::erf(x * A(0.70710678118654752440)));
   }
 };
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 struct GeluTanh {
-  template <typename A> MT_HOST_DEVICE A operator()(A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
     const A inner = A(0.79788456080286535588) * (x + A(0.044715) * x * x * x);
     return A(0.5) * x * (A(1) + math::tanh(inner));
   }
 };
 
 // ---- derivatives: (grad, saved) -> input gradient; `saved` is named per op ----
-struct ExpGrad { template <typename A> MT_HOST_DEVICE A operator()(A g, A y) const { return g * y; } };   // y = exp x
-struct LogGrad { template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const { return g / x; } };
-struct SqrtGrad { template <typename A> MT_HOST_DEVICE A operator()(A g, A y) const { return g / (A(2) * y); } };
+struct ExpGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A y) const {
+    return g * y;
+  }
+};  // y = exp x
+struct LogGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
+    return g / x;
+  }
+};
+struct SqrtGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A y) const {
+    return g / (A(2) * y);
+  }
+};
 struct RsqrtGrad {  // y = x^-1/2: dy/dx = -y^3 / 2
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A y) const { return A(-0.5) * g * y * y * y; }
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A y) const {
+    return A(-0.5) * g * y * y * y;
+  }
 };
 struct AbsGrad {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
     return x > A(0) ? g : (x < A(0) ? -g : A(0));
   }
 };
-struct TanhGrad { template <typename A> MT_HOST_DEVICE A operator()(A g, A y) const { return g * (A(1) - y * y); } };
-struct SigmoidGrad {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A y) const { return g * y * (A(1) - y); }
+struct TanhGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A y) const {
+    return g * (A(1) - y * y);
+  }
 };
-struct ReluGrad { template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const { return x > A(0) ? g : A(0); } };
+struct SigmoidGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A y) const {
+    return g * y * (A(1) - y);
+  }
+};
+struct ReluGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
+    return x > A(0) ? g : A(0);
+  }
+};
 struct SiluGrad {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
     const A s = A(1) / (A(1) + math::exp(-x));
     return g * s * (A(1) + x * (A(1) - s));
   }
 };
 struct GeluErfGrad {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
     const A cdf = A(0.5) * (A(1) + math::erf(x * A(0.70710678118654752440)));
     const A pdf = A(0.39894228040143267794) * math::exp(A(-0.5) * x * x);
     return g * (cdf + x * pdf);
   }
 };
 struct GeluTanhGrad {
-  template <typename A> MT_HOST_DEVICE A operator()(A g, A x) const {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
     const A k = A(0.79788456080286535588);
     const A inner = k * (x + A(0.044715) * x * x * x);
     const A t = math::tanh(inner);

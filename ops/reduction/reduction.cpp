@@ -88,11 +88,10 @@ Tensor sum(const Tensor& input, const std::vector<int64_t>& dims, bool keepdim) 
   const std::vector<bool> reduced = reduced_dims("sum", x, dims);
   Tensor out = reduce("sum", x, reduced, keepdim, ops::ReduceKind::sum);
   if (autograd::needs_grad({x})) {
-    auto node = std::make_shared<LambdaNode>("SumBackward",
-                                             [reduced](const std::vector<Tensor>& g, const LambdaNode& self) {
-                                               return std::vector<Tensor>{
-                                                   expand_back(g[0], self.input_meta[0].shape, reduced)};
-                                             });
+    auto node =
+        std::make_shared<LambdaNode>("SumBackward", [reduced](const std::vector<Tensor>& g, const LambdaNode& self) {
+          return std::vector<Tensor>{expand_back(g[0], self.input_meta[0].shape, reduced)};
+        });
     autograd::record(node, {x}, {out});
   }
   return out;
@@ -115,17 +114,16 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   const std::vector<bool> reduced = reduced_dims("max", x, {dim});
   Tensor out = reduce("max", x, reduced, keepdim, ops::ReduceKind::max);
   if (autograd::needs_grad({x})) {
-    auto node = std::make_shared<LambdaNode>(
-        "MaxBackward", [reduced](const std::vector<Tensor>& g, const LambdaNode& self) {
-          const Tensor x = self.unpack(0);
-          const Tensor best = expand_back(self.unpack(1), x.shape(), reduced);
-          Tensor mask = empty(x.shape(), ops::options_of(x));
-          ops::run_binary(mask, x, best, "max", ops::EqualMask{});
-          // Ties share the gradient equally.
-          const Tensor ties = reduce("max", mask, reduced, /*keepdim=*/true, ops::ReduceKind::sum);
-          return std::vector<Tensor>{
-              div(mul(mask, expand_back(g[0], x.shape(), reduced)), raw::expand(ties, x.shape()))};
-        });
+    auto node = std::make_shared<LambdaNode>("MaxBackward", [reduced](const std::vector<Tensor>& g,
+                                                                      const LambdaNode& self) {
+      const Tensor x = self.unpack(0);
+      const Tensor best = expand_back(self.unpack(1), x.shape(), reduced);
+      Tensor mask = empty(x.shape(), ops::options_of(x));
+      ops::run_binary(mask, x, best, "max", ops::EqualMask{});
+      // Ties share the gradient equally.
+      const Tensor ties = reduce("max", mask, reduced, /*keepdim=*/true, ops::ReduceKind::sum);
+      return std::vector<Tensor>{div(mul(mask, expand_back(g[0], x.shape(), reduced)), raw::expand(ties, x.shape()))};
+    });
     node->saved.emplace_back(x);
     node->saved.emplace_back(out.detach());
     autograd::record(node, {x}, {out});

@@ -5,9 +5,9 @@
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "core/strided.h"
+#include "ops/cuda/map_impl.cuh"
 #include "ops/reduction/reducers.h"
 #include "ops/reduction/reduction_kernels.h"
-#include "ops/cuda/map_impl.cuh"
 
 namespace mt::ops {
 
@@ -28,7 +28,8 @@ __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedInd
     partial[threadIdx.x] = acc;
     __syncthreads();
     for (int width = kReduceThreads / 2; width > 0; width /= 2) {
-      if (threadIdx.x < width) partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
+      if (threadIdx.x < width)
+        partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
       __syncthreads();
     }
     if (threadIdx.x == 0) out[oi.offset(o)] = convert<T>(partial[0]);
@@ -44,10 +45,9 @@ void reduce_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t inn
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(outer, 65535));
   dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    reduce_kernel<T><<<blocks, kReduceThreads, 0, stream.handle()>>>(static_cast<T*>(out.data_ptr()),
-                                                                     StridedIndexer(out),
-                                                                     static_cast<const T*>(in.data_ptr()),
-                                                                     StridedIndexer(in), outer, inner, kind);
+    reduce_kernel<T><<<blocks, kReduceThreads, 0, stream.handle()>>>(
+        static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(in.data_ptr()), StridedIndexer(in),
+        outer, inner, kind);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -20,10 +20,9 @@ Tensor record_unary(const char* name, const Tensor& input, Tensor out, Backward 
   if (autograd::needs_grad({input})) {
     // A view must not share autograd meta with its base: give it its own.
     if (out.impl() == input.impl()) out = out.detach();
-    auto node = std::make_shared<LambdaNode>(
-        name, [backward](const std::vector<Tensor>& g, const LambdaNode& self) {
-          return std::vector<Tensor>{backward(g[0], self.input_meta[0])};
-        });
+    auto node = std::make_shared<LambdaNode>(name, [backward](const std::vector<Tensor>& g, const LambdaNode& self) {
+      return std::vector<Tensor>{backward(g[0], self.input_meta[0])};
+    });
     autograd::record(node, {input}, {out});
   }
   return out;
@@ -57,7 +56,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   Tensor out = raw::permute(*this, dims);
   std::vector<int64_t> inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inverse[static_cast<size_t>(raw::wrap_dim(dims[i], dim(), "permute"))] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[static_cast<size_t>(raw::wrap_dim(dims[i], dim(), "permute"))] = static_cast<int64_t>(i);
   return record_unary("PermuteBackward", *this, out,
                       [inverse](const Tensor& g, const autograd::TensorMeta&) { return g.permute(inverse); });
 }
@@ -65,7 +65,8 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return record_unary("NarrowBackward", *this, raw::narrow(*this, d, start, length),
                       [d, start, length](const Tensor& g, const autograd::TensorMeta& m) {
-                        return scatter_into_zeros(g, m, [&](const Tensor& f) { return raw::narrow(f, d, start, length); });
+                        return scatter_into_zeros(g, m,
+                                                  [&](const Tensor& f) { return raw::narrow(f, d, start, length); });
                       });
 }
 

@@ -64,7 +64,8 @@ TEST(Engine, MissingBackwardThrowsInsteadOfReturningZeros) {
   Tensor y = x * 2.0;
   Tensor out = empty({2});
   auto node = std::make_shared<autograd::LambdaNode>(
-      "NoFormula", [](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{Tensor()}; });
+      "NoFormula",
+      [](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{Tensor()}; });
   autograd::record(node, {y}, {out});
   try {
     sum(out).backward();
@@ -77,8 +78,10 @@ TEST(Engine, MissingBackwardThrowsInsteadOfReturningZeros) {
 TEST(Engine, WrongGradientShapeNamesTheNodeAndBothShapes) {
   Tensor x = ones({2, 3}).requires_grad_();
   Tensor out = empty({2, 3});
-  auto node = std::make_shared<autograd::LambdaNode>(
-      "BadShape", [](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{ones({3, 2})}; });
+  auto node =
+      std::make_shared<autograd::LambdaNode>("BadShape", [](const std::vector<Tensor>&, const autograd::LambdaNode&) {
+        return std::vector<Tensor>{ones({3, 2})};
+      });
   autograd::record(node, {x}, {out});
   const std::string msg = message_of([&] { sum(out).backward(); });
   EXPECT_NE(msg.find("BadShape"), std::string::npos) << msg;

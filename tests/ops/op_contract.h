@@ -32,13 +32,37 @@ struct OpCase {
 
   // op: the op this case covers (the coverage list's name); name: unique case name.
   OpCase(std::string op_name, std::string case_name) : op(std::move(op_name)), name(std::move(case_name)) {}
-  OpCase& inputs(std::vector<Shape> s) { shapes = std::move(s); return *this; }
-  OpCase& draw(Values v) { values = v; return *this; }
-  OpCase& compute(Fn f) { fn = std::move(f); return *this; }
-  OpCase& extra(Extra e) { extra_inputs = std::move(e); return *this; }
-  OpCase& tolerances(double f32, double bf16, double f16) { tol_f32 = f32; tol_bf16 = bf16; tol_f16 = f16; return *this; }
-  OpCase& no_cuda(std::string reason) { cuda = false; cuda_skip_reason = std::move(reason); return *this; }
-  OpCase& no_gradcheck(std::string reason) { gradcheck_skip_reason = std::move(reason); return *this; }
+  OpCase& inputs(std::vector<Shape> s) {
+    shapes = std::move(s);
+    return *this;
+  }
+  OpCase& draw(Values v) {
+    values = v;
+    return *this;
+  }
+  OpCase& compute(Fn f) {
+    fn = std::move(f);
+    return *this;
+  }
+  OpCase& extra(Extra e) {
+    extra_inputs = std::move(e);
+    return *this;
+  }
+  OpCase& tolerances(double f32, double bf16, double f16) {
+    tol_f32 = f32;
+    tol_bf16 = bf16;
+    tol_f16 = f16;
+    return *this;
+  }
+  OpCase& no_cuda(std::string reason) {
+    cuda = false;
+    cuda_skip_reason = std::move(reason);
+    return *this;
+  }
+  OpCase& no_gradcheck(std::string reason) {
+    gradcheck_skip_reason = std::move(reason);
+    return *this;
+  }
 
   std::string op;
   std::string name;
@@ -64,7 +88,6 @@ std::vector<OpCase>& op_cases();
 struct RegisterOpCase {
   explicit RegisterOpCase(OpCase c) { op_cases().push_back(std::move(c)); }
 };
-
 
 }  // namespace mt::testing
 

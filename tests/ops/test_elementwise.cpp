@@ -15,21 +15,32 @@ MT_OP_CASE(OpCase("add", "add_scalar").inputs({{4}}).compute([](const In& x) { r
 MT_OP_CASE(OpCase("sub", "sub_broadcast").inputs({{2, 1, 3}, {4, 1}}).compute([](const In& x) { return x[0] - x[1]; }));
 MT_OP_CASE(OpCase("mul", "mul_broadcast").inputs({{3, 4}, {3, 1}}).compute([](const In& x) { return x[0] * x[1]; }));
 MT_OP_CASE(OpCase("mul", "mul_scalar").inputs({{5}}).compute([](const In& x) { return x[0] * -3.0; }));
-MT_OP_CASE(OpCase("div", "div_broadcast")
-               .inputs({{2, 3}, {3}})
-               .draw(Values::positive)
-               .compute([](const In& x) { return x[0] / x[1]; }));
-MT_OP_CASE(OpCase("div", "rdiv_scalar").inputs({{4}}).draw(Values::positive).compute([](const In& x) { return 2.0 / x[0]; }));
+MT_OP_CASE(OpCase("div", "div_broadcast").inputs({{2, 3}, {3}}).draw(Values::positive).compute([](const In& x) {
+  return x[0] / x[1];
+}));
+MT_OP_CASE(OpCase("div", "rdiv_scalar").inputs({{4}}).draw(Values::positive).compute([](const In& x) {
+  return 2.0 / x[0];
+}));
 MT_OP_CASE(OpCase("neg", "neg").inputs({{2, 3}}).compute([](const In& x) { return -x[0]; }));
 MT_OP_CASE(OpCase("exp", "exp").inputs({{2, 3}}).compute([](const In& x) { return exp(x[0]); }));
 MT_OP_CASE(OpCase("log", "log").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return log(x[0]); }));
-MT_OP_CASE(OpCase("sqrt", "sqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return sqrt(x[0]); }));
-MT_OP_CASE(OpCase("rsqrt", "rsqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return rsqrt(x[0]); }));
-MT_OP_CASE(OpCase("pow", "pow_2_5").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) { return pow(x[0], 2.5); }));
-MT_OP_CASE(OpCase("abs", "abs").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) { return abs(x[0]); }));
+MT_OP_CASE(OpCase("sqrt", "sqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) {
+  return sqrt(x[0]);
+}));
+MT_OP_CASE(OpCase("rsqrt", "rsqrt").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) {
+  return rsqrt(x[0]);
+}));
+MT_OP_CASE(OpCase("pow", "pow_2_5").inputs({{2, 3}}).draw(Values::positive).compute([](const In& x) {
+  return pow(x[0], 2.5);
+}));
+MT_OP_CASE(OpCase("abs", "abs").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) {
+  return abs(x[0]);
+}));
 MT_OP_CASE(OpCase("tanh", "tanh").inputs({{2, 3}}).compute([](const In& x) { return tanh(x[0]); }));
 MT_OP_CASE(OpCase("sigmoid", "sigmoid").inputs({{2, 3}}).compute([](const In& x) { return sigmoid(x[0]); }));
-MT_OP_CASE(OpCase("relu", "relu").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) { return relu(x[0]); }));
+MT_OP_CASE(OpCase("relu", "relu").inputs({{2, 3}}).draw(Values::away_from_zero).compute([](const In& x) {
+  return relu(x[0]);
+}));
 MT_OP_CASE(OpCase("silu", "silu").inputs({{2, 3}}).compute([](const In& x) { return silu(x[0]); }));
 MT_OP_CASE(OpCase("gelu_erf", "gelu_erf").inputs({{2, 3}}).compute([](const In& x) { return gelu(x[0]); }));
 MT_OP_CASE(OpCase("gelu_tanh", "gelu_tanh").inputs({{2, 3}}).compute([](const In& x) {
@@ -38,17 +49,25 @@ MT_OP_CASE(OpCase("gelu_tanh", "gelu_tanh").inputs({{2, 3}}).compute([](const In
 
 // ---- reductions ----
 MT_OP_CASE(OpCase("sum", "sum_all").inputs({{3, 4}}).compute([](const In& x) { return sum(x[0]); }));
-MT_OP_CASE(OpCase("sum", "sum_dims_keepdim").inputs({{2, 3, 4}}).compute([](const In& x) { return sum(x[0], {0, 2}, true); }));
+MT_OP_CASE(OpCase("sum", "sum_dims_keepdim").inputs({{2, 3, 4}}).compute([](const In& x) {
+  return sum(x[0], {0, 2}, true);
+}));
 MT_OP_CASE(OpCase("mean", "mean_dim").inputs({{3, 5}}).compute([](const In& x) { return mean(x[0], {-1}); }));
-MT_OP_CASE(OpCase("max", "max_dim").inputs({{3, 5}}).draw(Values::away_from_zero).compute([](const In& x) { return max(x[0], 1); }));
+MT_OP_CASE(OpCase("max", "max_dim").inputs({{3, 5}}).draw(Values::away_from_zero).compute([](const In& x) {
+  return max(x[0], 1);
+}));
 MT_OP_CASE(OpCase("var", "var_dim").inputs({{4, 6}}).compute([](const In& x) { return var(x[0], {1}); }));
 
 // ---- shape ----
-MT_OP_CASE(OpCase("reshape", "reshape").inputs({{2, 6}}).compute([](const In& x) { return x[0].reshape({3, 4}) * 2.0; }));
+MT_OP_CASE(OpCase("reshape", "reshape").inputs({{2, 6}}).compute([](const In& x) {
+  return x[0].reshape({3, 4}) * 2.0;
+}));
 MT_OP_CASE(OpCase("transpose", "transpose").inputs({{2, 3}}).compute([](const In& x) {
   return x[0].transpose(0, 1).contiguous();
 }));
-MT_OP_CASE(OpCase("permute", "permute").inputs({{2, 3, 4}}).compute([](const In& x) { return x[0].permute({2, 0, 1}); }));
+MT_OP_CASE(OpCase("permute", "permute").inputs({{2, 3, 4}}).compute([](const In& x) {
+  return x[0].permute({2, 0, 1});
+}));
 MT_OP_CASE(OpCase("slice", "slice_step").inputs({{6, 3}}).compute([](const In& x) { return x[0].slice(0, 1, 6, 2); }));
 MT_OP_CASE(OpCase("slice", "narrow").inputs({{4, 5}}).compute([](const In& x) { return x[0].narrow(1, 1, 3); }));
 MT_OP_CASE(OpCase("expand", "expand").inputs({{3, 1}}).compute([](const In& x) { return x[0].expand({2, 3, 4}); }));

@@ -17,7 +17,6 @@ std::vector<OpCase>& op_cases() {
   return cases;
 }
 
-
 namespace {
 
 constexpr uint64_t kSeed = 1234;
@@ -30,8 +29,12 @@ std::vector<Tensor> make_inputs(const OpCase& c) {
     const TensorOptions f64 = TensorOptions().dtype(DType::f64);
     Tensor t;
     switch (c.values) {
-      case Values::normal: t = randn(shape, f64, &gen); break;
-      case Values::positive: t = uniform(shape, 0.5, 2.0, f64, &gen); break;
+      case Values::normal:
+        t = randn(shape, f64, &gen);
+        break;
+      case Values::positive:
+        t = uniform(shape, 0.5, 2.0, f64, &gen);
+        break;
       case Values::away_from_zero: {
         NoGradGuard no_grad;
         const Tensor sign = uniform(shape, -1.0, 1.0, f64, &gen);
@@ -162,16 +165,18 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpContractCuda,
                          ::testing::Combine(::testing::ValuesIn(all_cases()),
                                             ::testing::Values(DType::f32, DType::bf16, DType::f16)),
                          [](const ::testing::TestParamInfo<std::tuple<size_t, DType>>& info) {
-                           return op_cases()[std::get<0>(info.param)].name + "_" +
-                                  dtype_name(std::get<1>(info.param));
+                           return op_cases()[std::get<0>(info.param)].name + "_" + dtype_name(std::get<1>(info.param));
                          });
 
 // Every differentiable op named by the op library must have at least one case.
 TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
   const std::vector<std::string> required = {
-      "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow", "abs", "tanh", "sigmoid", "relu",
-      "gelu_erf", "gelu_tanh", "silu", "sum", "mean", "max", "var", "reshape", "transpose", "permute", "slice",
-      "expand", "cast"};
+      "add",           "sub",        "mul",      "div",         "neg",     "exp",        "log",         "sqrt",
+      "rsqrt",         "pow",        "abs",      "tanh",        "sigmoid", "relu",       "gelu_erf",    "gelu_tanh",
+      "silu",          "sum",        "mean",     "max",         "var",     "reshape",    "transpose",   "permute",
+      "slice",         "expand",     "cast",     "matmul",      "bmm",     "linear",     "softmax",     "log_softmax",
+      "cross_entropy", "layer_norm", "rms_norm", "embedding",   "dropout", "where",      "masked_fill", "cat",
+      "stack",         "split",      "sdpa",     "sdpa_causal", "conv2d",  "max_pool2d", "avg_pool2d"};
   std::set<std::string> covered;
   size_t gradchecked = 0;
   for (const OpCase& c : op_cases()) {

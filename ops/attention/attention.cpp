@@ -1,0 +1,67 @@
+// Scaled dot-product attention as a composition of differentiable ops.
+#include "ops/attention/attention.h"
+#include "autograd/autocast.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/matmul/matmul.h"
+#include "ops/softmax/softmax.h"
+#include "ops/where/where.h"
+
+namespace mt {
+
+namespace {
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+// [Tq, Tk] bool, true above the diagonal (key j > query i): the positions causal attention hides.
+Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
+  std::vector<double> hidden(static_cast<size_t>(tq * tk));
+  for (int64_t i = 0; i < tq; ++i) {
+    for (int64_t j = 0; j < tk; ++j) hidden[static_cast<size_t>(i * tk + j)] = j > i ? 1.0 : 0.0;
+  }
+  return raw::to(from_vector(hidden, {tq, tk}, DType::boolean), device);
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
+                                    double dropout_p, std::optional<double> scale) {
+  const std::vector<Tensor> in = autocast::cast_inputs(kOp, {q_in, k_in, v_in});
+  const Tensor& q = in[0];
+  const Tensor& k = in[1];
+  const Tensor& v = in[2];
+  ops::check_floating(kOp, q);
+  ops::check_floating(kOp, k);
+  ops::check_floating(kOp, v);
+  ops::check_same_device(kOp, q, k);
+  ops::check_same_device(kOp, q, v);
+  MT_CHECK_T(DTypeError, q.dtype() == k.dtype() && q.dtype() == v.dtype(), kOp,
+             ": q, k and v must share one dtype, got q ", ops::describe(q), ", k ", ops::describe(k), ", v ",
+             ops::describe(v));
+  MT_CHECK_T(ShapeError,
+             q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) &&
+                 q.size(1) == k.size(1) && q.size(1) == v.size(1) && q.size(3) == k.size(3) && k.size(2) == v.size(2),
+             kOp, ": expected q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], got q ", ops::describe(q), ", k ",
+             ops::describe(k), ", v ", ops::describe(v));
+  MT_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, kOp, ": dropout_p must lie in [0, 1], got ", dropout_p);
+  MT_CHECK_T(ShapeError, scale.has_value() || q.size(3) > 0, kOp, ": the default scale 1/sqrt(D) needs D > 0, got q ",
+             ops::describe(q));
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+
+  Tensor scores = mul(matmul(q, k.transpose(2, 3)), s);  // [B, H, Tq, Tk]
+  if (causal) {
+    scores =
+        masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -std::numeric_limits<double>::infinity());
+  }
+  Tensor attn = softmax(scores, -1);
+  if (dropout_p > 0.0) attn = dropout(attn, dropout_p, /*training=*/true);
+  return matmul(attn, v);  // [B, H, Tq, Dv]
+}
+
+}  // namespace mt

@@ -1,0 +1,161 @@
+// CUDA cross-entropy: one block per row of the contiguous logits [rows, C] for
+// the forward (max, then sum of exp, both block reductions in acc_t) and the
+// backward; one block for the reduction to a scalar. Nothing here waits for the
+// device: the count of non-ignored rows stays in device memory and the backward
+// reads it there.
+#include <limits>
+
+#include "core/cuda/check.h"
+#include "core/cuda_context.h"
+#include "core/dispatch.h"
+#include "ops/loss/loss_kernels.h"
+#include "ops/math.h"
+#include "ops/softmax/block_reduce.cuh"
+
+namespace mt::ops {
+
+namespace {
+
+constexpr const char* kOp = "cross_entropy";
+constexpr int kReduceThreads = 512;
+
+template <typename T, typename I>
+__global__ void cross_entropy_forward_kernel(acc_t<T>* loss, acc_t<T>* lse, const T* logits, const I* target,
+                                             int64_t rows, int64_t classes, int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A scratch[rowwise::kWarpSize];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * classes;
+    A m = rowwise::Max::identity<A>();
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = rowwise::Max{}(m, convert<A>(x[c]));
+    m = rowwise::block_reduce(m, rowwise::Max{}, scratch);
+    A s = 0;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) s += math::exp(convert<A>(x[c]) - m);
+    s = rowwise::block_reduce(s, rowwise::Sum{}, scratch);
+    if (threadIdx.x == 0) {
+      const A log_s = math::log(s);
+      lse[r] = m + log_s;
+      const auto k = static_cast<int64_t>(target[r]);
+      if (k == ignore_index) {
+        loss[r] = A(0);
+      } else if (k < 0 || k >= classes) {
+        loss[r] = std::numeric_limits<A>::quiet_NaN();  // not checked on CUDA (no host sync): see loss.h
+      } else {
+        loss[r] = log_s - (convert<A>(x[k]) - m);
+      }
+    }
+  }
+}
+
+// One block: out = sum(loss) (/ count for mean); count = rows not ignored.
+template <typename A, typename I>
+__global__ void cross_entropy_reduce_kernel(A* out, int64_t* count, const A* loss, const I* target, int64_t rows,
+                                            int64_t ignore_index, bool mean) {
+  __shared__ A scratch[rowwise::kWarpSize];
+  __shared__ long long scratch_n[rowwise::kWarpSize];
+  A total = 0;
+  long long n = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    total += loss[r];
+    n += static_cast<int64_t>(target[r]) != ignore_index ? 1 : 0;
+  }
+  total = rowwise::block_reduce(total, rowwise::Sum{}, scratch);
+  n = rowwise::block_reduce(n, rowwise::Sum{}, scratch_n);
+  if (threadIdx.x == 0) {
+    *count = static_cast<int64_t>(n);
+    *out = mean ? total / static_cast<A>(n) : total;  // 0/0 = NaN when every row is ignored
+  }
+}
+
+// grad: [rows] read with stride 1 (none) or a scalar read with stride 0; count
+// (mean only, else null) divides it.
+template <typename T, typename I>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const I* target, const acc_t<T>* lse,
+                                              const acc_t<T>* grad, int64_t grad_stride, const int64_t* count,
+                                              int64_t rows, int64_t classes, int64_t ignore_index) {
+  using A = acc_t<T>;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * classes;
+    T* dx = dlogits + r * classes;
+    const auto k = static_cast<int64_t>(target[r]);
+    A g = grad[r * grad_stride];
+    if (count != nullptr) g = g / static_cast<A>(*count);
+    const A l = lse[r];
+    const bool ignored = k == ignore_index;
+    const bool invalid = !ignored && (k < 0 || k >= classes);
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+      A v;
+      if (ignored) {
+        v = A(0);
+      } else if (invalid) {
+        v = std::numeric_limits<A>::quiet_NaN();
+      } else {
+        v = (math::exp(convert<A>(x[c]) - l) - (c == k ? A(1) : A(0))) * g;
+      }
+      dx[c] = convert<T>(v);
+    }
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& logits, const Tensor& target,
+                                int64_t ignore_index) {
+  const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
+  if (rows == 0) return;
+  const cuda::Stream stream = cuda::current_stream(logits.device().index);
+  dispatch_floating(logits.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    dispatch_index(target.dtype(), kOp, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      cross_entropy_forward_kernel<T, I>
+          <<<rowwise::row_grid(rows), rowwise::row_block_threads(classes), 0, stream.handle()>>>(
+              static_cast<A*>(loss.data_ptr()), static_cast<A*>(lse.data_ptr()),
+              static_cast<const T*>(logits.data_ptr()), static_cast<const I*>(target.data_ptr()), rows, classes,
+              ignore_index);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_reduce_cuda(const Tensor& out, const Tensor& count, const Tensor& loss, const Tensor& target,
+                               int64_t ignore_index, Reduction reduction) {
+  const cuda::Stream stream = cuda::current_stream(loss.device().index);
+  const int64_t rows = loss.numel();
+  dispatch_loss_dtype(loss.dtype(), [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    dispatch_index(target.dtype(), kOp, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      cross_entropy_reduce_kernel<A, I><<<1, kReduceThreads, 0, stream.handle()>>>(
+          static_cast<A*>(out.data_ptr()), static_cast<int64_t*>(count.data_ptr()),
+          static_cast<const A*>(loss.data_ptr()), static_cast<const I*>(target.data_ptr()), rows, ignore_index,
+          reduction == Reduction::mean);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_backward_cuda(const Tensor& dlogits, const Tensor& grad, const Tensor& logits, const Tensor& target,
+                                 const Tensor& lse, const Tensor& count, int64_t ignore_index, Reduction reduction) {
+  const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
+  if (rows == 0) return;
+  const cuda::Stream stream = cuda::current_stream(logits.device().index);
+  const int64_t grad_stride = reduction == Reduction::none ? 1 : 0;
+  const int64_t* count_ptr = reduction == Reduction::mean ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
+  dispatch_floating(logits.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    dispatch_index(target.dtype(), kOp, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      cross_entropy_backward_kernel<T, I>
+          <<<rowwise::row_grid(rows), rowwise::row_block_threads(classes), 0, stream.handle()>>>(
+              static_cast<T*>(dlogits.data_ptr()), static_cast<const T*>(logits.data_ptr()),
+              static_cast<const I*>(target.data_ptr()), static_cast<const A*>(lse.data_ptr()),
+              static_cast<const A*>(grad.data_ptr()), grad_stride, count_ptr, rows, classes, ignore_index);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace mt::ops

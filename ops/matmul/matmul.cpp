@@ -1,0 +1,355 @@
+// Matrix products: validation at the boundary, the shared GEMM entry point, and
+// the backward of each op written right after its forward.
+#include "ops/matmul/matmul.h"
+#include "autograd/autocast.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "autograd/function.h"
+#include "ops/common.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/map.h"
+#include "ops/matmul/matmul_kernels.h"
+#include "ops/reduction/reduction.h"
+
+namespace mt {
+
+// ---- the GEMM entry point ----
+
+namespace ops {
+namespace {
+
+// How the BLAS can read the matrix dims (1, 2) of t: rows contiguous
+// (row-major, ld = row stride) or columns contiguous (column-major, ld = column
+// stride). A dimension of size 1 places no constraint on its stride.
+bool blas_layout(const Tensor& t, Order* order, int64_t* ld) {
+  const int64_t rows = t.size(1), cols = t.size(2), rs = t.stride(1), cs = t.stride(2);
+  if (cs == 1 || cols == 1) {
+    const int64_t l = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
+    if (l >= std::max<int64_t>(cols, 1)) {
+      *order = Order::row_major;
+      *ld = l;
+      return true;
+    }
+  }
+  if (rs == 1 || rows == 1) {
+    const int64_t l = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
+    if (l >= std::max<int64_t>(rows, 1)) {
+      *order = Order::col_major;
+      *ld = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+// t [batch or 1, R, C] as a readable operand; copied to a contiguous buffer when
+// its matrix strides leave no unit stride to read along (a matrix shared by the
+// whole batch is copied once, not once per batch entry).
+MatrixOperand make_operand(const Tensor& t, int64_t batch) {
+  MatrixOperand op;
+  op.rows = t.size(1);
+  op.cols = t.size(2);
+  const bool shared = batch == 1 || t.size(0) == 1 || t.stride(0) == 0;
+  op.tensor = t;
+  if (!blas_layout(t, &op.order, &op.ld)) {
+    op.tensor = raw::contiguous(shared ? raw::narrow(t, 0, 0, 1) : t);
+    const bool readable = blas_layout(op.tensor, &op.order, &op.ld);
+    MT_INTERNAL_ASSERT(readable, "gemm: a contiguous copy must be readable");
+  }
+  op.batch_stride = shared ? 0 : op.tensor.stride(0);
+  return op;
+}
+
+}  // namespace
+
+void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmArgs& args) {
+  MT_INTERNAL_ASSERT(out.dim() == 3 && a_in.dim() == 3 && b_in.dim() == 3, "gemm: operands must be 3-D, got ",
+                     describe(out), ", ", describe(a_in), ", ", describe(b_in));
+  MT_INTERNAL_ASSERT(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype() && a_in.device() == out.device() &&
+                         b_in.device() == out.device(),
+                     "gemm: dtype/device mismatch: ", describe(out), ", ", describe(a_in), ", ", describe(b_in));
+  // A transposed operand is a transposed view: the layout analysis below picks
+  // the BLAS transpose flag from its strides.
+  const Tensor a = args.transpose_a == Transpose::yes ? raw::transpose(a_in, 1, 2) : a_in;
+  const Tensor b = args.transpose_b == Transpose::yes ? raw::transpose(b_in, 1, 2) : b_in;
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+  MT_INTERNAL_ASSERT(a.size(1) == m && b.size(1) == k && b.size(2) == n && (a.size(0) == batch || a.size(0) == 1) &&
+                         (b.size(0) == batch || b.size(0) == 1),
+                     "gemm: shapes do not match: out ", describe(out), ", op(a) ", describe(a), ", op(b) ",
+                     describe(b));
+  if (out.numel() == 0) return;
+  if (k == 0) {  // an empty sum: out = beta * out
+    Tensor target = out;
+    if (args.beta == 0.0) {
+      target.zero_();
+    } else if (args.beta != 1.0) {
+      NoGradGuard no_grad;
+      target.copy_(mul(out, args.beta));
+    }
+    return;
+  }
+
+  GemmProblem p;
+  p.batch = batch;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.alpha = args.alpha;
+  p.beta = args.beta;
+  p.a = make_operand(a, batch);
+  p.b = make_operand(b, batch);
+  p.c.tensor = out;
+  p.c.rows = m;
+  p.c.cols = n;
+  p.c.order = Order::row_major;
+  p.c.ld = m == 1 ? n : out.stride(1);
+  p.c.batch_stride = batch == 1 ? 0 : out.stride(0);
+  MT_INTERNAL_ASSERT(
+      (out.stride(2) == 1 || n == 1) && p.c.ld >= n && (batch == 1 || p.c.batch_stride >= (m - 1) * p.c.ld + n),
+      "gemm: the output must be row-major and non-overlapping, got strides ", shape_str(out.strides()), " for ",
+      describe(out));
+  if (out.is_cuda()) {
+#if MT_WITH_CUDA
+    gemm_cuda(p);
+#else
+    throw_no_cuda("matmul");
+#endif
+  } else {
+    gemm_cpu(p);
+  }
+}
+
+}  // namespace ops
+
+using autograd::LambdaNode;
+using autograd::SavedTensor;
+using ops::GemmArgs;
+using ops::Transpose;
+
+namespace {
+
+Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+
+Shape concat(Shape head, std::initializer_list<int64_t> tail) {
+  head.insert(head.end(), tail);
+  return head;
+}
+
+// t [batch'..., R, C] broadcast to `batch` and seen as [B, R, C] with a single
+// batch stride (0 for a broadcast matrix). Batch dims that no single stride can
+// describe (a partial broadcast such as [2, 1] -> [2, 3]) are materialised.
+Tensor as_batched_3d(const Tensor& t, const Shape& batch) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  Tensor e = raw::expand(t, concat(batch, {rows, cols}));
+  int64_t size = 1, stride = 0;
+  bool single = true;
+  for (size_t i = 0; i < batch.size() && single; ++i) {
+    if (batch[i] == 1) continue;
+    if (size == 1) {
+      size = batch[i];
+      stride = e.stride(static_cast<int64_t>(i));
+    } else if (stride == e.stride(static_cast<int64_t>(i)) * batch[i]) {
+      size *= batch[i];
+      stride = e.stride(static_cast<int64_t>(i));
+    } else {
+      single = false;
+    }
+  }
+  if (!single) {
+    e = raw::contiguous(e);
+    stride = rows * cols;
+  }
+  return raw::as_strided(e, {shape_numel(batch), rows, cols}, {stride, e.stride(-2), e.stride(-1)}, e.offset());
+}
+
+// op(x) @ op(y) with NumPy batch broadcasting, no recording. x, y are >= 2-D and
+// share a dtype and device; op(x) is [bx..., M, K], op(y) [by..., K, N].
+// Returns [broadcast(bx, by)..., M, N].
+Tensor product(const Tensor& x, Transpose tx, const Tensor& y, Transpose ty) {
+  const bool xt = tx == Transpose::yes, yt = ty == Transpose::yes;
+  const int64_t m = xt ? x.size(-1) : x.size(-2), k = xt ? x.size(-2) : x.size(-1);
+  const int64_t n = yt ? y.size(-2) : y.size(-1);
+  const TensorOptions options = ops::options_of(x);
+  GemmArgs args;
+  args.transpose_a = tx;
+  args.transpose_b = ty;
+  if (y.dim() == 2 && x.dim() > 2 && !xt) {
+    // A batch of x against one matrix y: fold the batch into M, one GEMM.
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    const int64_t rows = shape_numel(out_shape);
+    out_shape.push_back(n);
+    Tensor out = empty(out_shape, options);
+    ops::gemm(raw::view(out, {1, rows, n}), raw::reshape(x, {1, rows, k}), raw::unsqueeze(y, 0), args);
+    return out;
+  }
+  const Shape batch = raw::broadcast_shapes(batch_dims(x), batch_dims(y), "matmul");
+  Tensor out = empty(concat(batch, {m, n}), options);
+  ops::gemm(raw::view(out, {shape_numel(batch), m, n}), as_batched_3d(x, batch), as_batched_3d(y, batch), args);
+  return out;
+}
+
+// ---- matmul and bmm ----
+
+void check_pair(const char* op, const Tensor& a, const Tensor& b) {
+  ops::check_floating(op, a);
+  ops::check_floating(op, b);
+  ops::check_same_device(op, a, b);
+}
+
+[[noreturn]] void throw_mismatch(const char* op, const Tensor& a, const Tensor& b, const std::string& why) {
+  throw ShapeError(detail::str_cat(op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+                                   " cannot be multiplied (", why, ")"));
+}
+
+// Shared by matmul and bmm once their shapes are validated: a [..., M, K] (or
+// [K]) @ b [..., K, N] (or [K]), with the promoted dtype, and its backward.
+Tensor matmul_recorded(const char* node_name, const Tensor& a, const Tensor& b) {
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  const bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
+  // [K] @ ... is [1, K] @ ...; ... @ [K] is ... @ [K, 1]; the unit dim is dropped after.
+  const Tensor a2 = a_vec ? raw::unsqueeze(ops::as_dtype(a, dtype), 0) : ops::as_dtype(a, dtype);
+  const Tensor b2 = b_vec ? raw::unsqueeze(ops::as_dtype(b, dtype), 1) : ops::as_dtype(b, dtype);
+  const Tensor out2 = product(a2, Transpose::no, b2, Transpose::no);
+  Shape out_shape = out2.shape();
+  if (b_vec) out_shape.erase(out_shape.end() - 1);                // N
+  if (a_vec) out_shape.erase(out_shape.end() - (b_vec ? 1 : 2));  // M
+  const Tensor out = raw::view(out2, out_shape);
+
+  if (autograd::needs_grad({a, b})) {
+    const Shape a2_shape = a2.shape(), b2_shape = b2.shape(), out2_shape = out2.shape();
+    auto node = std::make_shared<LambdaNode>(node_name, [a_vec, b_vec, a2_shape, b2_shape, out2_shape](
+                                                            const std::vector<Tensor>& g, const LambdaNode& self) {
+      const Tensor g2 = raw::reshape(g[0], out2_shape);
+      const DType dtype = g2.dtype();
+      auto as_2d = [](const Tensor& t, bool vec, int64_t dim) { return vec ? raw::unsqueeze(t, dim) : t; };
+      Tensor ga, gb;
+      if (self.needs_input_grad(0)) {
+        // dA = dC B^T, summed over the batch dims A was broadcast along.
+        const Tensor bb = as_2d(ops::as_dtype(self.unpack(1), dtype), b_vec, 1);
+        ga = sum_to(product(g2, Transpose::no, bb, Transpose::yes), a2_shape).reshape(self.input_meta[0].shape);
+      }
+      if (self.needs_input_grad(1)) {
+        // dB = A^T dC. A batch of A against a 2-D B folds the batch into K: one GEMM, no sum.
+        const Tensor aa = as_2d(ops::as_dtype(self.unpack(0), dtype), a_vec, 0);
+        Tensor full;
+        if (b2_shape.size() == 2 && a2_shape.size() > 2) {
+          const int64_t rows = shape_numel(Shape(a2_shape.begin(), a2_shape.end() - 1));
+          full = product(raw::reshape(aa, {rows, a2_shape.back()}), Transpose::yes,
+                         raw::reshape(g2, {rows, out2_shape.back()}), Transpose::no);
+        } else {
+          full = sum_to(product(aa, Transpose::yes, g2, Transpose::no), b2_shape);
+        }
+        gb = full.reshape(self.input_meta[1].shape);
+      }
+      return std::vector<Tensor>{ga, gb};
+    });
+    // Each input is saved only if the other one needs a gradient.
+    node->saved.emplace_back(autograd::requires_grad(b) ? SavedTensor(a) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(a) ? SavedTensor(b) : SavedTensor());
+    autograd::record(node, {a, b}, {out});
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const std::vector<Tensor> in = autocast::cast_inputs("matmul", {a_in, b_in});
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  check_pair("matmul", a, b);
+  if (a.dim() == 0 || b.dim() == 0) throw_mismatch("matmul", a, b, "both need at least one dimension");
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  if (ka != kb) throw_mismatch("matmul", a, b, detail::str_cat(ka, " != ", kb));
+  // The batch dims (all but the last two) must broadcast.
+  const Shape ba = a.dim() > 2 ? batch_dims(a) : Shape(), bb = b.dim() > 2 ? batch_dims(b) : Shape();
+  for (size_t i = 1; i <= std::min(ba.size(), bb.size()); ++i) {
+    const int64_t x = ba[ba.size() - i], y = bb[bb.size() - i];
+    if (x != y && x != 1 && y != 1) {
+      throw_mismatch("matmul", a, b,
+                     detail::str_cat("batch dimensions ", shape_str(ba), " and ", shape_str(bb), " do not broadcast"));
+    }
+  }
+  return matmul_recorded("MatmulBackward", a, b);
+}
+
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  const std::vector<Tensor> in = autocast::cast_inputs("bmm", {a_in, b_in});
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  check_pair("bmm", a, b);
+  if (a.dim() != 3 || b.dim() != 3) throw_mismatch("bmm", a, b, "bmm expects 3-D tensors [B, M, K] and [B, K, N]");
+  if (a.size(0) != b.size(0)) {
+    throw_mismatch("bmm", a, b, detail::str_cat("batch sizes ", a.size(0), " != ", b.size(0)));
+  }
+  if (a.size(2) != b.size(1)) throw_mismatch("bmm", a, b, detail::str_cat(a.size(2), " != ", b.size(1)));
+  return matmul_recorded("BmmBackward", a, b);
+}
+
+// ---- linear ----
+
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const std::vector<Tensor> cast = autocast::cast_inputs("linear", {x_in, weight_in, bias_in});
+  const Tensor& x = cast[0];
+  const Tensor& weight = cast[1];
+  const Tensor& bias = cast[2];
+  ops::check_floating("linear", x);
+  ops::check_floating("linear", weight);
+  ops::check_same_device("linear", x, weight);
+  MT_CHECK_T(ShapeError, weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", ops::describe(weight));
+  MT_CHECK_T(ShapeError, x.dim() >= 1, "linear: input must have at least one dimension [..., in], got ",
+             ops::describe(x));
+  MT_CHECK_T(ShapeError, x.size(-1) == weight.size(1), "linear: input ", shape_str(x.shape()), " and weight ",
+             shape_str(weight.shape()), " cannot be multiplied (in features: ", x.size(-1), " != ", weight.size(1),
+             ")");
+  DType dtype = promote_types(x.dtype(), weight.dtype());
+  if (bias.defined()) {
+    ops::check_floating("linear", bias);
+    ops::check_same_device("linear", x, bias);
+    MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must have shape [",
+               weight.size(0), "] to match weight ", shape_str(weight.shape()), ", got ", shape_str(bias.shape()));
+    dtype = promote_types(dtype, bias.dtype());
+  }
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(out_shape);  // the leading dims of x, flattened
+  out_shape.push_back(out_features);
+  Tensor out = empty(out_shape, TensorOptions().dtype(dtype).device(x.device()));
+  Tensor out3 = raw::view(out, {1, rows, out_features});
+  GemmArgs args;
+  args.transpose_b = Transpose::yes;
+  if (bias.defined()) {
+    out3.copy_(bias);  // broadcast over the rows, converted to the output dtype
+    args.beta = 1.0;   // y = x W^T + y, y holding the bias
+  }
+  ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
+            args);
+
+  if (autograd::needs_grad({x, weight, bias})) {
+    auto node = std::make_shared<LambdaNode>(
+        "LinearBackward", [rows, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
+          const Tensor dy = raw::reshape(g[0], {rows, out_features});  // [P, out]
+          const DType dtype = dy.dtype();
+          Tensor gx, gw, gb;
+          if (self.needs_input_grad(0)) {  // dx [P, in] = dy [P, out] @ W [out, in]
+            gx = product(dy, Transpose::no, ops::as_dtype(self.unpack(1), dtype), Transpose::no)
+                     .reshape(self.input_meta[0].shape);
+          }
+          if (self.needs_input_grad(1)) {  // dW [out, in] = dy^T [out, P] @ x [P, in]
+            const Tensor xf = raw::reshape(ops::as_dtype(self.unpack(0), dtype), {rows, in});
+            gw = product(dy, Transpose::yes, xf, Transpose::no);
+          }
+          if (self.needs_input_grad(2)) gb = sum(dy, {0});  // [out]
+          return std::vector<Tensor>{gx, gw, gb};
+        });
+    // x is read only for dW, W only for dx.
+    node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+    autograd::record(node, {x, weight, bias}, {out});
+  }
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,279 @@
+// CUDA GEMMs through cuBLASLt. No kernels of our own: the per-device state
+// (handle, heuristic cache, workspaces) first, then the checked entry point.
+//
+// Numerics: f32/f16/bf16 inputs use CUBLAS_COMPUTE_32F (fp32 accumulation,
+// f32 scale type). That is not the _FAST_TF32 variant, so f32 GEMMs keep full
+// f32 precision; TF32 becomes an explicit switch later (DESIGN.md section 4).
+// f64 uses CUBLAS_COMPUTE_64F with an f64 scale type.
+//
+// Note [Row-major GEMMs through column-major cuBLASLt]
+// Our matrices are row-major; cuBLASLt's default order is column-major. A
+// row-major [R, C] matrix with leading dimension ld is, byte for byte, the
+// column-major [C, R] matrix with the same ld: its transpose. So C = A B is
+// computed as C^T = B^T A^T: cuBLASLt's "A" slot takes our b, its "B" slot our
+// a, with m = N and n = M, and C^T lands in our row-major C untouched. We use
+// this swap rather than CUBLASLT_ORDER_ROW because the column order is the one
+// every cuBLASLt algorithm supports (the row order narrows the heuristic's
+// choices, and FP8 kernels require column-major A and B), and because a
+// transposed operand then costs nothing: it is the same memory read with the
+// other CUBLAS_OP.
+#include <cublasLt.h>
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "core/cuda/check.h"
+#include "core/cuda_context.h"
+#include "core/dispatch.h"
+#include "ops/common.h"
+#include "ops/matmul/matmul_kernels.h"
+
+namespace mt::ops {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // 32 MiB, as llm.c and PyTorch on Hopper
+constexpr size_t kWorkspaceAlignment = 256;           // cuBLASLt wants a 256-byte aligned workspace
+
+// Handle creation and the heuristic read the current device's properties: they
+// run under cuda::DeviceGuard.
+using cuda::DeviceGuard;
+
+// ---- descriptors (RAII) ----
+
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayout_t p) const { cublasLtMatrixLayoutDestroy(p); }
+};
+struct MatmulDescDeleter {
+  void operator()(cublasLtMatmulDesc_t p) const { cublasLtMatmulDescDestroy(p); }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
+using MatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
+using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
+
+template <typename T>
+constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  if constexpr (std::is_same_v<T, Half>) return CUDA_R_16F;
+  return CUDA_R_16BF;  // BFloat16 (dispatch_floating allows nothing else)
+}
+
+// One operand as cuBLASLt sees it (Note [Row-major GEMMs through column-major cuBLASLt]).
+struct LtOperand {
+  const void* data = nullptr;
+  cublasOperation_t op = CUBLAS_OP_N;
+  uint64_t rows = 0, cols = 0;  // of the stored column-major matrix
+  int64_t ld = 1;
+  int64_t batch_stride = 0;
+  uint32_t alignment = 1;  // bytes; the largest power of two (<= 256) dividing the address
+};
+
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 1;
+  while (alignment < 256 && address % (alignment * 2) == 0) alignment *= 2;
+  return alignment;
+}
+
+// Our [rows, cols] operand, read in column-major order: a row-major matrix is
+// stored as its transpose (op N yields op(x)^T = x^T, what C^T = B^T A^T needs);
+// a column-major one is stored as itself and read with op T.
+LtOperand lt_operand(const MatrixOperand& x) {
+  LtOperand o;
+  o.data = x.tensor.data_ptr();
+  const bool row = x.order == Order::row_major;
+  o.op = row ? CUBLAS_OP_N : CUBLAS_OP_T;
+  o.rows = static_cast<uint64_t>(row ? x.cols : x.rows);
+  o.cols = static_cast<uint64_t>(row ? x.rows : x.cols);
+  o.ld = x.ld;
+  o.batch_stride = x.batch_stride;
+  o.alignment = alignment_of(o.data);
+  return o;
+}
+
+Layout make_layout(cudaDataType_t type, const LtOperand& x, int32_t batch) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, x.rows, x.cols, x.ld));
+  Layout layout(raw);
+  if (batch > 1) {
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &x.batch_stride,
+                                                     sizeof(x.batch_stride)));
+  }
+  return layout;
+}
+
+// ---- per-device state ----
+
+struct DeviceState {
+  std::once_flag init;
+  cublasLtHandle_t handle = nullptr;
+};
+
+// One handle per device, created on first use. Never destroyed: tearing cuBLASLt
+// down in a static destructor can race the CUDA runtime's own shutdown.
+cublasLtHandle_t handle_for(int device) {
+  static auto* states = new DeviceState[kMaxDevices];
+  MT_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "matmul: device index ", device, " out of range");
+  DeviceState& s = states[device];
+  std::call_once(s.init, [&] {
+    DeviceGuard guard(device);
+    MT_CUBLAS_CHECK(cublasLtCreate(&s.handle));
+  });
+  return s.handle;
+}
+
+// The 32 MiB workspace of (device, stream), allocated from the stream-ordered
+// pool on that stream at first use and kept for the process. One per stream,
+// not one per device: GEMMs running concurrently on two streams of a device
+// would otherwise scribble over the same scratch memory.
+void* workspace_for(int device, const cuda::Stream& stream) {
+  static auto* mutex = new std::mutex();  // never destroyed, like the map it guards
+  static auto* spaces = new std::map<std::pair<int, cuda::StreamHandle>, Tensor>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  const auto key = std::make_pair(device, stream.handle());
+  auto it = spaces->find(key);
+  if (it == spaces->end()) {
+    // mt::empty allocates on current_stream(device), the stream this workspace serves.
+    Tensor buffer = empty({static_cast<int64_t>(kWorkspaceBytes + kWorkspaceAlignment)},
+                          TensorOptions().dtype(DType::u8).device(cuda_device(device)));
+    it = spaces->emplace(key, std::move(buffer)).first;
+  }
+  const auto address = reinterpret_cast<uintptr_t>(it->second.data_ptr());
+  return reinterpret_cast<void*>((address + kWorkspaceAlignment - 1) & ~uintptr_t{kWorkspaceAlignment - 1});
+}
+
+// Heuristic results, cached per problem: everything the descriptors and the
+// preference describe (device, dtype, batch, sizes, ops, leading dims, batch
+// strides, alignments).
+using AlgoKey = std::array<int64_t, 17>;
+
+struct AlgoChoice {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace_bytes;
+};
+
+std::mutex& algo_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::map<AlgoKey, AlgoChoice>& algo_cache() {
+  static auto* cache = new std::map<AlgoKey, AlgoChoice>();  // never destroyed
+  return *cache;
+}
+
+std::string describe_problem(const GemmProblem& p) {
+  return detail::str_cat(p.batch, " x [", p.m, ", ", p.k, "] @ [", p.k, ", ", p.n, "] in ",
+                         dtype_name(p.c.tensor.dtype()), " on ", p.c.tensor.device().str());
+}
+
+template <typename T>
+void gemm_typed(const GemmProblem& p) {
+  constexpr bool f64 = std::is_same_v<T, double>;
+  using Scale = std::conditional_t<f64, double, float>;
+  constexpr cudaDataType_t type = cuda_type<T>();
+  constexpr cudaDataType_t scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
+  constexpr cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+
+  const int device = p.c.tensor.device().index;
+  MT_CHECK(p.batch <= INT32_MAX, "matmul: a batch of ", p.batch, " matrices exceeds cuBLASLt's limit of ", INT32_MAX,
+           " (", describe_problem(p), ")");
+  const auto batch = static_cast<int32_t>(p.batch);
+  DeviceGuard guard(device);
+  const cuda::Stream stream = cuda::current_stream(device);
+  cublasLtHandle_t handle = handle_for(device);
+
+  // C^T [N, M] = B^T [N, K] A^T [K, M]: cuBLASLt's A is our b, its B our a.
+  const LtOperand lt_a = lt_operand(p.b), lt_b = lt_operand(p.a), lt_c = lt_operand(p.c);
+  MT_INTERNAL_ASSERT(lt_c.op == CUBLAS_OP_N, "matmul: the output must be row-major");
+
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, compute, scale_type));
+  const MatmulDesc desc(raw_desc);
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_a.op, sizeof(lt_a.op)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_b.op, sizeof(lt_b.op)));
+  const Layout layout_a = make_layout(type, lt_a, batch);
+  const Layout layout_b = make_layout(type, lt_b, batch);
+  const Layout layout_c = make_layout(type, lt_c, batch);  // C and D: the same matrix
+
+  const AlgoKey key = {device,
+                       static_cast<int64_t>(type),
+                       p.batch,
+                       p.m,
+                       p.n,
+                       p.k,
+                       lt_a.op,
+                       lt_b.op,
+                       lt_a.ld,
+                       lt_b.ld,
+                       lt_c.ld,
+                       lt_a.batch_stride,
+                       lt_b.batch_stride,
+                       lt_c.batch_stride,
+                       lt_a.alignment,
+                       lt_b.alignment,
+                       lt_c.alignment};
+  AlgoChoice choice{};
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(algo_mutex());
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) {
+      choice = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+    const Preference pref(raw_pref);
+    const uint64_t max_workspace = kWorkspaceBytes;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &max_workspace, sizeof(max_workspace)));
+    // The default assumes 256-byte aligned matrices; a view at an offset may be less aligned.
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                         &lt_a.alignment, sizeof(lt_a.alignment)));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                         &lt_b.alignment, sizeof(lt_b.alignment)));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                         &lt_c.alignment, sizeof(lt_c.alignment)));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                         &lt_c.alignment, sizeof(lt_c.alignment)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(),
+                                                   layout_c.get(), raw_pref, /*requestedAlgoCount=*/1, &result,
+                                                   &found));
+    MT_CHECK(found > 0, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
+    choice = AlgoChoice{result.algo, result.workspaceSize};
+    std::lock_guard<std::mutex> lock(algo_mutex());
+    algo_cache().emplace(key, choice);
+  }
+  MT_INTERNAL_ASSERT(choice.workspace_bytes <= kWorkspaceBytes, "matmul: the heuristic asked for ",
+                     choice.workspace_bytes, " bytes of workspace");
+
+  const Scale alpha = static_cast<Scale>(p.alpha), beta = static_cast<Scale>(p.beta);
+  void* c = p.c.tensor.data_ptr();
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, raw_desc, &alpha, lt_a.data, layout_a.get(), lt_b.data, layout_b.get(), &beta,
+                                 c, layout_c.get(), c, layout_c.get(), &choice.algo, workspace_for(device, stream),
+                                 kWorkspaceBytes, stream.handle()));
+}
+
+}  // namespace
+
+void gemm_cuda(const GemmProblem& p) {
+  dispatch_floating(p.c.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(p); });
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,63 @@
+// Internal: the one GEMM entry point behind matmul, bmm and linear (forward and
+// backward), and the CPU / CUDA kernels it dispatches to.
+//
+//   gemm(out, a, b, {.transpose_b = Transpose::yes, .beta = 1.0})
+//   out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i]    for i < batch
+//
+// Every operand is a 3-D [batch, rows, cols] view with arbitrary strides; a
+// batch stride of 0 (raw::expand of a [1, R, C] tensor) reuses one matrix for
+// every batch entry without a copy. gemm() works out, for each operand, a
+// layout the BLAS can read (row-major or column-major with a leading
+// dimension); an operand with no such layout (no unit stride in either matrix
+// dimension) is copied to a contiguous buffer first. The kernels then see a
+// GemmProblem whose operands are all readable.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+enum class Transpose { no, yes };
+
+struct GemmArgs {
+  Transpose transpose_a = Transpose::no;  // op(a) = a^T: a is [batch, K, M]
+  Transpose transpose_b = Transpose::no;  // op(b) = b^T: b is [batch, N, K]
+  double alpha = 1.0;
+  double beta = 0.0;  // 0: out is written without being read (it may hold garbage)
+};
+
+// out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
+// a   [batch or 1, M, K] ([.., K, M] when transposed), batch stride 0 allowed.
+// b   [batch or 1, K, N] ([.., N, K] when transposed), batch stride 0 allowed.
+// All three share one floating dtype and one device; out must not overlap a or b.
+void gemm(const Tensor& out, const Tensor& a, const Tensor& b, const GemmArgs& args = {});
+
+// ---- what the kernels see ----
+
+enum class Order { row_major, col_major };
+
+// One batched matrix operand [batch, rows, cols] as the BLAS reads it:
+// element (i, r, c) is at data + i * batch_stride + (row_major ? r * ld + c : c * ld + r).
+struct MatrixOperand {
+  Tensor tensor;  // owns the data (a view or a contiguous copy); data_ptr() is matrix 0
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Order order = Order::row_major;
+  int64_t ld = 1;            // >= cols (row-major) or >= rows (column-major), and >= 1
+  int64_t batch_stride = 0;  // in elements; 0: one matrix for every batch entry
+};
+
+// c [batch, m, n] = alpha * a [batch, m, k] @ b [batch, k, n] + beta * c, with
+// m, n, k >= 1, batch >= 1 and c row-major.
+struct GemmProblem {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  MatrixOperand a, b, c;
+  double alpha = 1.0, beta = 0.0;
+};
+
+void gemm_cpu(const GemmProblem& p);
+void gemm_cuda(const GemmProblem& p);
+
+}  // namespace mt::ops

@@ -1,0 +1,29 @@
+// Normalisation over the last dimension: layer norm and RMS norm.
+//
+// x is [..., C]: every leading index is one row of C elements. weight and bias
+// are [C] or undefined (no affine term), on x's device and of x's dtype (under
+// autocast both ops run in f32, so the parameters and input agree).
+//
+//   layer_norm: mean = sum_c x_c / C,  var = sum_c (x_c - mean)^2 / C  (biased, as PyTorch)
+//               y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps)
+//   rms_norm:   y = x * rstd * weight,                   rstd = 1 / sqrt(sum_c x_c^2 / C + eps)
+//
+// Statistics are computed in acc_t (f32 for f16/bf16, f64 for f64) and kept per
+// row for backward (mean and rstd for layer_norm, rstd for rms_norm); y has x's
+// dtype and shape. With xhat = (x - mean) * rstd (mean = 0 for RMS) and
+// g = dy * weight:
+//   dx      = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))   (rms_norm: no mean_c(g) term)
+//   dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy
+// Only the gradients that are needed are computed.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace mt {
+
+// x: [..., C]; weight, bias: [C] or undefined. Returns [..., C].
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// x: [..., C]; weight: [C] or undefined. Returns [..., C].
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+}  // namespace mt

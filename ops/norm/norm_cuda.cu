@@ -1,0 +1,225 @@
+// CUDA layer / RMS norm. Forward and the input gradient: one block per row of
+// the contiguous [rows, C] view, block reductions in acc_t. Parameter
+// gradients: a [groups, C] buffer of per-block partial sums over row groups
+// (column tiles of 32 threads, so reads are coalesced), then one pass summing
+// the groups per column; deterministic, no atomics.
+#include <algorithm>
+
+#include "core/cuda/check.h"
+#include "core/cuda_context.h"
+#include "core/dispatch.h"
+#include "ops/math.h"
+#include "ops/norm/norm_kernels.h"
+#include "ops/softmax/block_reduce.cuh"
+
+namespace mt::ops {
+
+namespace {
+
+constexpr int kColTile = 32;        // columns per parameter-gradient block (threadIdx.x)
+constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient block (threadIdx.y)
+constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
+constexpr int kFinalThreads = 256;
+
+template <typename T, NormKind kKind>
+__global__ void norm_forward_kernel(T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight,
+                                    const T* bias, int64_t rows, int64_t cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  __shared__ A scratch[rowwise::kWarpSize];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    A mu = 0;
+    if constexpr (kKind == NormKind::layer) {
+      A s = 0;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(xr[c]);
+      mu = rowwise::block_reduce(s, rowwise::Sum{}, scratch) / static_cast<A>(cols);
+    }
+    A var = 0;  // two passes: the centred sum of squares does not cancel
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const A d = convert<A>(xr[c]) - mu;
+      var += d * d;
+    }
+    var = rowwise::block_reduce(var, rowwise::Sum{}, scratch) / static_cast<A>(cols);
+    const A rs = A(1) / math::sqrt(var + eps);
+    if (threadIdx.x == 0) {
+      if constexpr (kKind == NormKind::layer) mean_out[r] = mu;
+      rstd_out[r] = rs;
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      A v = (convert<A>(xr[c]) - mu) * rs;
+      if (weight != nullptr) v *= convert<A>(weight[c]);
+      if (bias != nullptr) v += convert<A>(bias[c]);
+      yr[c] = convert<T>(v);
+    }
+  }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMS: no mean(g) term).
+template <typename T, NormKind kKind>
+__global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                        const T* weight, int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  __shared__ A scratch[rowwise::kWarpSize];
+  const A inv_cols = A(1) / static_cast<A>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* gr = dy + r * cols;
+    const T* xr = x + r * cols;
+    T* dr = dx + r * cols;
+    const A mu = kKind == NormKind::layer ? mean[r] : A(0);
+    const A rs = rstd[r];
+    A sum_g = 0, sum_gx = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const A gc = weight != nullptr ? convert<A>(gr[c]) * convert<A>(weight[c]) : convert<A>(gr[c]);
+      sum_g += gc;
+      sum_gx += gc * ((convert<A>(xr[c]) - mu) * rs);
+    }
+    A mean_g = 0;
+    if constexpr (kKind == NormKind::layer) mean_g = rowwise::block_reduce(sum_g, rowwise::Sum{}, scratch) * inv_cols;
+    const A mean_gx = rowwise::block_reduce(sum_gx, rowwise::Sum{}, scratch) * inv_cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const A gc = weight != nullptr ? convert<A>(gr[c]) * convert<A>(weight[c]) : convert<A>(gr[c]);
+      const A xhat = (convert<A>(xr[c]) - mu) * rs;
+      dr[c] = convert<T>(rs * (gc - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+// Block (kColTile, kRowThreads) at (blockIdx.x, blockIdx.y) sums columns
+// [blockIdx.x * kColTile, +kColTile) over rows blockIdx.y * kRowThreads + k *
+// gridDim.y * kRowThreads (+ threadIdx.y), into dweight_part / dbias_part
+// [gridDim.y, cols] at row blockIdx.y. A null partial buffer is skipped.
+template <typename T, NormKind kKind>
+__global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbias_part, const T* dy, const T* x,
+                                          const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  __shared__ A sw[kRowThreads][kColTile + 1];
+  __shared__ A sb[kRowThreads][kColTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  A aw = 0, ab = 0;
+  if (c < cols) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowThreads + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * kRowThreads) {
+      const A g = convert<A>(dy[r * cols + c]);
+      if (dweight_part != nullptr) {
+        const A mu = kKind == NormKind::layer ? mean[r] : A(0);
+        aw += g * ((convert<A>(x[r * cols + c]) - mu) * rstd[r]);
+      }
+      ab += g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int i = 1; i < kRowThreads; ++i) {
+      aw += sw[i][threadIdx.x];
+      ab += sb[i][threadIdx.x];
+    }
+    const int64_t at = static_cast<int64_t>(blockIdx.y) * cols + c;
+    if (dweight_part != nullptr) dweight_part[at] = aw;
+    if (dbias_part != nullptr) dbias_part[at] = ab;
+  }
+}
+
+// out[c] = sum over groups of part[g, c], cast to T.
+template <typename T>
+__global__ void sum_groups_kernel(T* out, const acc_t<T>* part, int64_t groups, int64_t cols) {
+  using A = acc_t<T>;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    A s = 0;
+    for (int64_t g = 0; g < groups; ++g) s += part[g * cols + c];
+    out[c] = convert<T>(s);
+  }
+}
+
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mutable_data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <NormKind kKind>
+void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, double eps) {
+  const int64_t rows = x.shape()[0], cols = x.shape()[1];
+  if (rows == 0) return;
+  const cuda::Stream stream = cuda::current_stream(x.device().index);
+  dispatch_floating(x.dtype(), name_of(kKind), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    norm_forward_kernel<T, kKind><<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
+        static_cast<T*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
+        static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows, cols,
+        static_cast<A>(eps));
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <NormKind kKind>
+void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+  const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
+  const cuda::Stream stream = cuda::current_stream(dy.device().index);
+  dispatch_floating(dy.dtype(), name_of(kKind), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    if (dx.defined() && rows > 0) {
+      norm_backward_dx_kernel<T, kKind>
+          <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
+              static_cast<T*>(dx.data_ptr()), static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows, cols);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+    if (!dweight.defined() && !dbias.defined()) return;
+    // At least 4 rows per thread before another row group is worth a block.
+    const int64_t wanted = (rows + 4 * kRowThreads - 1) / (4 * kRowThreads);
+    const int64_t groups = std::clamp<int64_t>(wanted, 1, kMaxRowGroups);
+    const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
+    const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
+    const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
+    const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
+    const dim3 block(kColTile, kRowThreads);
+    norm_param_partial_kernel<T, kKind><<<grid, block, 0, stream.handle()>>>(
+        mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const T*>(dy.data_ptr()),
+        data_or_null<T>(x), data_or_null<A>(mean), data_or_null<A>(rstd), rows, cols);
+    MT_CUDA_CHECK_LAUNCH();
+    const unsigned final_blocks = static_cast<unsigned>((cols + kFinalThreads - 1) / kFinalThreads);
+    if (dweight.defined()) {
+      sum_groups_kernel<T><<<final_blocks, kFinalThreads, 0, stream.handle()>>>(
+          static_cast<T*>(dweight.data_ptr()), static_cast<const A*>(dw_part.data_ptr()), groups, cols);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+    if (dbias.defined()) {
+      sum_groups_kernel<T><<<final_blocks, kFinalThreads, 0, stream.handle()>>>(
+          static_cast<T*>(dbias.data_ptr()), static_cast<const A*>(db_part.data_ptr()), groups, cols);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace
+
+void norm_forward_cuda(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                       const Tensor& weight, const Tensor& bias, double eps) {
+  if (kind == NormKind::layer) {
+    launch_forward<NormKind::layer>(y, mean, rstd, x, weight, bias, eps);
+  } else {
+    launch_forward<NormKind::rms>(y, mean, rstd, x, weight, bias, eps);
+  }
+}
+
+void norm_backward_cuda(NormKind kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                        const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+  if (kind == NormKind::layer) {
+    launch_backward<NormKind::layer>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+  } else {
+    launch_backward<NormKind::rms>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+  }
+}
+
+}  // namespace mt::ops

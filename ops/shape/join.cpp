@@ -1,0 +1,127 @@
+// cat / stack / split: validation, copies into narrow windows, and the gradient
+// of each input as the matching window of the output gradient.
+#include "ops/shape/join.h"
+#include "autograd/autocast.h"
+
+#include <algorithm>
+#include <string>
+
+#include "autograd/function.h"
+#include "ops/common.h"
+
+namespace mt {
+
+using autograd::LambdaNode;
+
+namespace {
+
+std::string describe_all(const std::vector<Tensor>& tensors) {
+  std::string s;
+  for (size_t i = 0; i < tensors.size(); ++i) s += (i ? ", " : "") + ops::describe(tensors[i]);
+  return s;
+}
+
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& inputs, int64_t dim) {
+  MT_CHECK(!inputs.empty(), "cat: expected at least one tensor");
+  for (size_t i = 0; i < inputs.size(); ++i) ops::check_defined("cat", inputs[i], "an input");
+  const std::vector<Tensor> tensors = autocast::cast_inputs("cat", inputs);  // the widest dtype under autocast
+  const Tensor& first = tensors[0];
+  MT_CHECK_T(ShapeError, first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (",
+             describe_all(tensors), ")");
+  const int64_t d = raw::wrap_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[static_cast<size_t>(d)] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    MT_CHECK_T(DTypeError, t.dtype() == first.dtype(), "cat: all tensors must have one dtype; tensor 0 is ",
+               ops::describe(first), " but tensor ", i, " is ", ops::describe(t));
+    MT_CHECK_T(DeviceError, t.device() == first.device(), "cat: all tensors must be on one device; tensor 0 is ",
+               ops::describe(first), " but tensor ", i, " is ", ops::describe(t));
+    bool same = t.dim() == first.dim();
+    for (int64_t k = 0; same && k < t.dim(); ++k) same = k == d || t.size(k) == first.size(k);
+    MT_CHECK_T(ShapeError, same, "cat: shapes must match except along dimension ", d, "; tensor 0 is ",
+               ops::describe(first), " but tensor ", i, " is ", ops::describe(t));
+    shape[static_cast<size_t>(d)] += t.size(d);
+  }
+
+  Tensor out = empty(shape, ops::options_of(first));
+  std::vector<int64_t> offsets;  // where each input starts along d
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    offsets.push_back(offset);
+    if (t.numel() > 0) raw::narrow(out, d, offset, t.size(d)).copy_(t);
+    offset += t.size(d);
+  }
+
+  if (autograd::needs_grad(tensors)) {
+    auto node =
+        std::make_shared<LambdaNode>("CatBackward", [d, offsets](const std::vector<Tensor>& g, const LambdaNode& self) {
+          std::vector<Tensor> grads(offsets.size());
+          for (size_t i = 0; i < offsets.size(); ++i) {
+            if (self.needs_input_grad(i)) {
+              grads[i] = raw::narrow(g[0], d, offsets[i], self.input_meta[i].shape[static_cast<size_t>(d)]);
+            }
+          }
+          return grads;
+        });
+    autograd::record(node, tensors, {out});
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& inputs, int64_t dim) {
+  MT_CHECK(!inputs.empty(), "stack: expected at least one tensor");
+  for (size_t i = 0; i < inputs.size(); ++i) ops::check_defined("stack", inputs[i], "an input");
+  const std::vector<Tensor> tensors = autocast::cast_inputs("stack", inputs);
+  const Tensor& first = tensors[0];
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    MT_CHECK_T(ShapeError, tensors[i].shape() == first.shape(), "stack: all tensors must have one shape; tensor 0 is ",
+               ops::describe(first), " but tensor ", i, " is ", ops::describe(tensors[i]));
+  }
+  const int64_t d = raw::wrap_dim(dim, first.dim() + 1, "stack");
+  std::vector<Tensor> expanded;
+  expanded.reserve(tensors.size());
+  for (const Tensor& t : tensors) expanded.push_back(t.unsqueeze(d));
+  return cat(expanded, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  ops::check_defined("split", x);
+  MT_CHECK_T(ShapeError, x.dim() > 0, "split: cannot split a zero-dimensional tensor ", ops::describe(x));
+  const int64_t d = raw::wrap_dim(dim, x.dim(), "split");
+  const int64_t length = x.size(d);
+  MT_CHECK(split_size > 0 || (split_size == 0 && length == 0), "split: split_size must be positive, got ", split_size,
+           " for ", ops::describe(x), " along dimension ", d);
+  if (length == 0) return {x.narrow(d, 0, 0)};
+  std::vector<Tensor> pieces;
+  for (int64_t start = 0; start < length; start += split_size) {
+    pieces.push_back(x.narrow(d, start, std::min(split_size, length - start)));
+  }
+  return pieces;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  ops::check_defined("split", x);
+  MT_CHECK_T(ShapeError, x.dim() > 0, "split: cannot split a zero-dimensional tensor ", ops::describe(x));
+  const int64_t d = raw::wrap_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  std::string list;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    MT_CHECK_T(ShapeError, sizes[i] >= 0, "split: size ", i, " is negative (", sizes[i], ")");
+    total += sizes[i];
+    list += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  MT_CHECK_T(ShapeError, total == x.size(d), "split: sizes [", list, "] sum to ", total, " but ", ops::describe(x),
+             " has ", x.size(d), " along dimension ", d);
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    pieces.push_back(x.narrow(d, start, s));
+    start += s;
+  }
+  return pieces;
+}
+
+}  // namespace mt

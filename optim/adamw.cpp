@@ -1,0 +1,73 @@
+#include "optim/adamw.h"
+
+#include "autograd/grad_mode.h"
+#include "core/view.h"
+#include "optim/optim_kernels.h"
+
+namespace mt {
+
+namespace {
+DType moment_dtype(const Tensor& p) { return p.dtype() == DType::f64 ? DType::f64 : DType::f32; }
+}  // namespace
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : AdamW({ParamGroup{std::move(params), options.lr(), options.weight_decay()}}, options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
+    : Optimizer(std::move(groups)), options_(options) {
+  MT_CHECK(options.beta1() >= 0 && options.beta1() < 1 && options.beta2() >= 0 && options.beta2() < 1,
+           "AdamW: betas must be in [0, 1), got (", options.beta1(), ", ", options.beta2(), ")");
+  MT_CHECK(options.eps() >= 0, "AdamW: eps must be >= 0, got ", options.eps());
+  for (const ParamGroup& g : groups_) {
+    std::vector<State> states;
+    for (const Tensor& p : g.params) {
+      MT_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
+      const TensorOptions opts = TensorOptions().dtype(moment_dtype(p)).device(p.device());
+      states.push_back(State{zeros(p.shape(), opts), zeros(p.shape(), opts),
+                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device()))});
+    }
+    state_.push_back(std::move(states));
+  }
+}
+
+void AdamW::step() { step_unless(Tensor()); }
+
+void AdamW::step_unless(const Tensor& found_inf) {
+  NoGradGuard no_grad;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& group = groups_[gi];
+    optim_kernels::AdamWArgs args;
+    args.lr = group.lr;
+    args.beta1 = options_.beta1();
+    args.beta2 = options_.beta2();
+    args.eps = options_.eps();
+    args.weight_decay = group.weight_decay;
+    args.decoupled = options_.decoupled();
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      MT_CHECK(g.shape() == p.shape() && g.device() == p.device(), "AdamW: gradient ", shape_str(g.shape()), " on ",
+               g.device().str(), " does not match its parameter ", shape_str(p.shape()), " on ", p.device().str());
+      g = raw::contiguous(g.dtype() == p.dtype() ? g : raw::to(g, p.dtype()));
+      const State& s = state_[gi][pi];
+      if (p.is_cuda()) {
+        optim_kernels::advance_step_cuda(s.step, found_inf);
+        optim_kernels::adamw_cuda(p, g, s.exp_avg, s.exp_avg_sq, s.step, args, found_inf);
+      } else {
+        optim_kernels::advance_step_cpu(s.step, found_inf);
+        optim_kernels::adamw_cpu(p, g, s.exp_avg, s.exp_avg_sq, s.step, args, found_inf);
+      }
+      p.bump_version();
+    }
+  }
+}
+
+int64_t AdamW::steps_taken() const {
+  for (const auto& group : state_) {
+    if (!group.empty()) return static_cast<int64_t>(group.front().step.item());
+  }
+  return 0;
+}
+
+}  // namespace mt

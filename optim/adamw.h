@@ -1,0 +1,68 @@
+// Adam and AdamW (torch.optim.Adam / AdamW): bias-corrected first and second
+// moments kept in f32 (f64 for f64 parameters). AdamW decays the weights
+// directly (p -= lr * wd * p, decoupled); Adam adds wd * p to the gradient.
+// On CUDA each parameter is updated by one fused kernel, which also reads the
+// GradScaler's found-inf flag on the device and skips the update when it is set.
+#pragma once
+
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace mt {
+
+class AdamWOptions {
+ public:
+  explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
+  AdamWOptions& betas(double b1, double b2) {
+    beta1_ = b1;
+    beta2_ = b2;
+    return *this;
+  }
+  AdamWOptions& eps(double e) {
+    eps_ = e;
+    return *this;
+  }
+  AdamWOptions& weight_decay(double wd) {
+    weight_decay_ = wd;
+    return *this;
+  }
+  AdamWOptions& decoupled(bool d) {
+    decoupled_ = d;
+    return *this;
+  }  // false: Adam with L2 decay
+  double lr() const { return lr_; }
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+  bool decoupled() const { return decoupled_; }
+
+ private:
+  double lr_;
+  double beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 1e-2;
+  bool decoupled_ = true;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options);
+  void step() override;
+  // The scaler's step: skip on the device when found_inf (f32 [1]) is non-zero.
+  void step_unless(const Tensor& found_inf) override;
+  // Steps actually taken (skipped ones not counted); reading it waits for the device.
+  int64_t steps_taken() const;
+
+  struct State {
+    Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
+    Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
+  };
+  const State& state(size_t group, size_t index) const { return state_[group][index]; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<std::vector<State>> state_;
+};
+
+}  // namespace mt

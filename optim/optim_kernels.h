@@ -1,0 +1,46 @@
+// Internal: the element loops of the optimizers and the loss scaler, one per
+// device. Scalars that change every step on the device (the loss scale, the
+// found-inf flag) are read through device pointers, so no host sync is needed.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::optim_kernels {
+
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = true;  // AdamW (decay the weights) vs Adam (add decay to the gradient)
+};
+
+// grad *= 1 / scale; found_inf (f32 [1]) becomes 1 if any result is inf or NaN.
+void unscale_cpu(const Tensor& grad, const Tensor& scale, const Tensor& found_inf);
+void unscale_cuda(const Tensor& grad, const Tensor& scale, const Tensor& found_inf);
+
+// step (i64 [1]) += 1 unless found_inf (f32 [1], may be undefined) is non-zero:
+// the optimizer's step count lives beside its moments, on their device.
+void advance_step_cpu(const Tensor& step, const Tensor& found_inf);
+void advance_step_cuda(const Tensor& step, const Tensor& found_inf);
+
+// One AdamW step on one parameter (f32/f16/bf16/f64) with f32 (f64 for f64) moments,
+// bias-corrected with the count in `step`. Skipped entirely when found_inf (may be
+// undefined) holds a non-zero value.
+void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const Tensor& step, const AdamWArgs& args, const Tensor& found_inf);
+void adamw_cuda(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const Tensor& step, const AdamWArgs& args, const Tensor& found_inf);
+
+// The scaler's update rule on its device state (scale f32 [1], growth_tracker i32 [1],
+// consecutive_skips i32 [1]): on inf, scale *= backoff and the tracker resets;
+// otherwise after `interval` clean steps in a row scale *= growth.
+struct ScalerUpdateArgs {
+  double growth = 2.0, backoff = 0.5;
+  int64_t interval = 2000;
+};
+void scaler_update_cpu(const Tensor& scale, const Tensor& growth_tracker, const Tensor& consecutive_skips,
+                       const Tensor& found_inf, const ScalerUpdateArgs& args);
+void scaler_update_cuda(const Tensor& scale, const Tensor& growth_tracker, const Tensor& consecutive_skips,
+                        const Tensor& found_inf, const ScalerUpdateArgs& args);
+
+}  // namespace mt::optim_kernels

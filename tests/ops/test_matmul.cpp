@@ -1,0 +1,416 @@
+// Op-contract cases for matmul, bmm and linear, plus what the contract does not
+// cover: values against a naive triple loop, non-contiguous and misaligned
+// operands, the GEMM entry point's alpha/beta, error messages, which inputs get
+// (and which inputs are saved for) gradients, and f64 / streams on CUDA.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "core/view.h"
+#include "ops/matmul/matmul.h"
+#include "ops/matmul/matmul_kernels.h"
+#include "ops/ops.h"
+#include "tests/ops/op_contract.h"
+#include "tests/test_util.h"
+
+namespace mt::testing {
+namespace {
+
+using In = std::vector<Tensor>;
+
+// ---- matmul ----
+MT_OP_CASE(OpCase("matmul", "matmul_2d").inputs({{3, 4}, {4, 5}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("matmul", "matmul_batched").inputs({{2, 2, 3, 4}, {2, 2, 4, 3}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+// Batch dims [2, 1] and [3] broadcast to [2, 3]: neither operand has a single batch stride.
+MT_OP_CASE(OpCase("matmul", "matmul_batch_broadcast").inputs({{2, 1, 3, 4}, {3, 4, 2}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+// A batch against one matrix: folded into a single GEMM (and dB into one GEMM over the batch).
+MT_OP_CASE(OpCase("matmul", "matmul_batch_times_matrix").inputs({{2, 3, 4}, {4, 5}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+// One matrix against a batch: batch stride 0 for a, dA summed over the batch.
+MT_OP_CASE(OpCase("matmul", "matmul_matrix_times_batch").inputs({{3, 4}, {2, 4, 5}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("matmul", "matmul_vector_matrix").inputs({{4}, {4, 3}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("matmul", "matmul_matrix_vector").inputs({{3, 4}, {4}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("matmul", "matmul_dot").inputs({{5}, {5}}).compute([](const In& x) { return matmul(x[0], x[1]); }));
+MT_OP_CASE(OpCase("matmul", "matmul_batch_vector").inputs({{2, 3, 4}, {4}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("matmul", "matmul_vector_batch").inputs({{4}, {2, 4, 3}}).compute([](const In& x) {
+  return matmul(x[0], x[1]);
+}));
+// Transposed views: column-major operands (read with the BLAS transpose flag, no copy).
+MT_OP_CASE(OpCase("matmul", "matmul_transposed_views").inputs({{4, 3}, {5, 4}}).compute([](const In& x) {
+  return matmul(x[0].transpose(0, 1), x[1].transpose(0, 1));
+}));
+
+// ---- bmm ----
+MT_OP_CASE(OpCase("bmm", "bmm").inputs({{2, 3, 4}, {2, 4, 5}}).compute([](const In& x) { return bmm(x[0], x[1]); }));
+MT_OP_CASE(OpCase("bmm", "bmm_transposed_views").inputs({{2, 4, 3}, {2, 5, 4}}).compute([](const In& x) {
+  return bmm(x[0].transpose(1, 2), x[1].transpose(1, 2));
+}));
+
+// ---- linear ----
+MT_OP_CASE(OpCase("linear", "linear_bias").inputs({{3, 4}, {5, 4}, {5}}).compute([](const In& x) {
+  return linear(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(OpCase("linear", "linear_no_bias").inputs({{3, 4}, {5, 4}}).compute([](const In& x) {
+  return linear(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("linear", "linear_3d_input").inputs({{2, 3, 4}, {5, 4}, {5}}).compute([](const In& x) {
+  return linear(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(OpCase("linear", "linear_1d_input").inputs({{4}, {3, 4}, {3}}).compute([](const In& x) {
+  return linear(x[0], x[1], x[2]);
+}));
+
+// ---- helpers ----
+
+// [..., M, K] @ [..., K, N] with equal batch dims (or none on b), by the definition, in f64.
+std::vector<double> naive_matmul(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const int64_t batch = a.numel() / (m * k);
+  const bool b_batched = b.dim() > 2;
+  std::vector<double> out(static_cast<size_t>(batch * m * n), 0.0);
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          acc += x[static_cast<size_t>(i * m * k + r * k + j)] *
+                 y[static_cast<size_t>((b_batched ? i * k * n : 0) + j * n + c)];
+        }
+        out[static_cast<size_t>(i * m * n + r * n + c)] = acc;
+      }
+    }
+  }
+  return out;
+}
+
+Tensor random(const Shape& shape, DType dtype = DType::f64, uint64_t seed = 7) {
+  Generator gen(seed);
+  return randn(shape, TensorOptions().dtype(dtype), &gen);
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+  }
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "(no ShapeError thrown)";
+}
+
+void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
+  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing in: " << msg;
+}
+
+// ---- values ----
+
+TEST(Matmul, ValuesMatchNaiveLoopInEveryDtype) {
+  const Tensor a = random({3, 5}, DType::f64, 1), b = random({5, 4}, DType::f64, 2);
+  for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    // The reference sees the inputs rounded to `dtype`; the product rounds once at the end.
+    const Tensor ar = raw::to(a, dtype), br = raw::to(b, dtype);
+    const Tensor out = matmul(ar, br);
+    EXPECT_EQ(out.dtype(), dtype);
+    EXPECT_EQ(out.shape(), (Shape{3, 4}));
+    const double tol = dtype == DType::f64 ? 1e-13 : dtype == DType::f32 ? 1e-6 : dtype == DType::f16 ? 2e-3 : 1e-2;
+    expect_close(out.to_vector<double>(), naive_matmul(raw::to(ar, DType::f64), raw::to(br, DType::f64)), tol);
+  }
+}
+
+TEST(Matmul, BatchedBroadcastMatchesPerMatrixProducts) {
+  const Tensor a = random({2, 1, 3, 4}, DType::f64, 3), b = random({3, 4, 2}, DType::f64, 4);
+  const Tensor out = matmul(a, b);
+  ASSERT_EQ(out.shape(), (Shape{2, 3, 3, 2}));
+  // Materialise the broadcast and compare with the definition.
+  const Tensor ae = raw::contiguous(raw::expand(a, {2, 3, 3, 4})), be = raw::contiguous(raw::expand(b, {2, 3, 4, 2}));
+  expect_close(out.to_vector<double>(), naive_matmul(ae, be), 1e-13);
+}
+
+TEST(Matmul, VectorOperandsFollowTorchShapes) {
+  EXPECT_EQ(matmul(ones({4}), ones({4})).shape(), Shape{});
+  EXPECT_EQ(matmul(ones({4}), ones({4})).item(), 4.0);
+  EXPECT_EQ(matmul(ones({4}), ones({4, 3})).shape(), (Shape{3}));
+  EXPECT_EQ(matmul(ones({3, 4}), ones({4})).shape(), (Shape{3}));
+  EXPECT_EQ(matmul(ones({2, 3, 4}), ones({4})).shape(), (Shape{2, 3}));
+  EXPECT_EQ(matmul(ones({4}), ones({2, 4, 3})).shape(), (Shape{2, 3}));
+  EXPECT_EQ(matmul(ones({2, 1, 3, 4}), ones({5, 4, 6})).shape(), (Shape{2, 5, 3, 6}));
+}
+
+TEST(Matmul, NonContiguousOperandsMatchContiguousOnes) {
+  const Tensor base = random({10, 12}, DType::f64, 5);
+  // Transposed: column-major, read with the transpose flag.
+  const Tensor at = raw::transpose(raw::narrow(base, 1, 0, 3), 0, 1);  // [3, 10], strides [1, 12]
+  // Every other row and column: no unit stride in either dim, so gemm copies it.
+  const Tensor strided = raw::slice(raw::slice(base, 0, 0, 10, 2), 1, 0, 8, 2);  // [5, 4], strides [24, 2]
+  ASSERT_NE(at.stride(1), 1);
+  ASSERT_NE(strided.stride(0), 1);
+  ASSERT_NE(strided.stride(1), 1);
+  const Tensor b = random({10, 5}, DType::f64, 6);
+  expect_close(matmul(at, b).to_vector<double>(), naive_matmul(raw::contiguous(at), b), 1e-13);
+  expect_close(matmul(b.transpose(0, 1), raw::contiguous(raw::narrow(base, 1, 0, 3))).to_vector<double>(),
+               naive_matmul(raw::contiguous(b.transpose(0, 1)), raw::contiguous(raw::narrow(base, 1, 0, 3))), 1e-13);
+  const Tensor c = random({4, 3}, DType::f64, 8);
+  expect_close(matmul(strided, c).to_vector<double>(), naive_matmul(raw::contiguous(strided), c), 1e-13);
+  // An operand broadcast inside the matrix (stride 0 rows) is copied too.
+  const Tensor row = random({1, 4}, DType::f64, 9);
+  expect_close(matmul(raw::expand(row, {3, 4}), c).to_vector<double>(),
+               naive_matmul(raw::contiguous(raw::expand(row, {3, 4})), c), 1e-13);
+  // Half-type path with a transposed operand.
+  const Tensor h = raw::to(base, DType::f16);
+  const Tensor ht = raw::transpose(raw::narrow(h, 1, 0, 3), 0, 1);
+  expect_close(matmul(ht, raw::to(b, DType::f16)).to_vector<double>(),
+               naive_matmul(raw::to(raw::contiguous(ht), DType::f64), raw::to(raw::to(b, DType::f16), DType::f64)),
+               2e-3);
+}
+
+TEST(Matmul, MixedDtypesPromote) {
+  Tensor a = random({2, 3}, DType::f16).requires_grad_();
+  Tensor b = random({3, 2}, DType::f32).requires_grad_();
+  const Tensor out = matmul(a, b);
+  EXPECT_EQ(out.dtype(), DType::f32);
+  sum(out).backward();
+  EXPECT_EQ(a.grad().dtype(), DType::f16);
+  EXPECT_EQ(b.grad().dtype(), DType::f32);
+  EXPECT_EQ(linear(ones({2, 3}, DType::bf16), ones({4, 3}, DType::f32), ones({4}, DType::f64)).dtype(), DType::f64);
+}
+
+TEST(Matmul, EmptyInnerDimensionGivesZeros) {
+  const Tensor out = matmul(ones({2, 0}), ones({0, 3}));
+  EXPECT_EQ(out.shape(), (Shape{2, 3}));
+  EXPECT_EQ(out.to_vector<double>(), std::vector<double>(6, 0.0));
+  EXPECT_EQ(matmul(ones({0, 4}), ones({4, 3})).shape(), (Shape{0, 3}));
+}
+
+TEST(Linear, MatchesMatmulPlusBias) {
+  const Tensor x = random({2, 3, 4}, DType::f64, 1), w = random({5, 4}, DType::f64, 2), b = random({5}, DType::f64, 3);
+  const Tensor y = linear(x, w, b);
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 5}));
+  expect_close(y.to_vector<double>(), (matmul(x, w.transpose(0, 1)) + b).to_vector<double>(), 1e-13);
+  expect_close(linear(x, w).to_vector<double>(), matmul(x, w.transpose(0, 1)).to_vector<double>(), 1e-13);
+  // A non-contiguous bias and weight.
+  const Tensor wt = random({4, 5}, DType::f64, 4).transpose(0, 1);
+  const Tensor bs = raw::slice(random({10}, DType::f64, 5), 0, 0, 10, 2);
+  expect_close(linear(x, wt, bs).to_vector<double>(), (matmul(x, wt.transpose(0, 1)) + bs).to_vector<double>(), 1e-13);
+}
+
+TEST(Linear, EmptyBatchGivesZeroWeightGradient) {
+  Tensor x = zeros({0, 4}, DType::f64).requires_grad_();
+  Tensor w = random({3, 4}).requires_grad_();
+  Tensor b = random({3}).requires_grad_();
+  const Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.shape(), (Shape{0, 3}));
+  sum(y).backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(12, 0.0));
+  EXPECT_EQ(b.grad().to_vector<double>(), std::vector<double>(3, 0.0));
+}
+
+// ---- the GEMM entry point ----
+
+TEST(Gemm, AlphaBetaAndTransposeFlags) {
+  const Tensor a = random({2, 4, 3}, DType::f64, 1);  // read transposed: [2, 3, 4]
+  const Tensor b = random({1, 5, 4}, DType::f64, 2);  // read transposed, shared by the batch: [1, 4, 5]
+  const Tensor c0 = random({2, 3, 5}, DType::f64, 3);
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    const Tensor out = raw::clone(raw::to(c0, dtype));  // gemm writes into it: never c0 itself
+    ops::GemmArgs args;
+    args.transpose_a = ops::Transpose::yes;
+    args.transpose_b = ops::Transpose::yes;
+    args.alpha = 2.0;
+    args.beta = 0.5;
+    ops::gemm(out, raw::to(a, dtype), raw::to(b, dtype), args);
+    const Tensor at = raw::to(raw::contiguous(raw::transpose(raw::to(a, dtype), 1, 2)), DType::f64);
+    const Tensor bt =
+        raw::to(raw::contiguous(raw::expand(raw::transpose(raw::to(b, dtype), 1, 2), {2, 4, 5})), DType::f64);
+    const std::vector<double> ab = naive_matmul(at, bt),
+                              c = raw::to(raw::to(c0, dtype), DType::f64).to_vector<double>();
+    std::vector<double> want(ab.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = 2.0 * ab[i] + 0.5 * c[i];
+    expect_close(out.to_vector<double>(), want, dtype == DType::f64 ? 1e-13 : dtype == DType::f32 ? 1e-6 : 1e-2);
+  }
+}
+
+TEST(Gemm, BetaZeroIgnoresGarbageAndEmptySumScales) {
+  Tensor out = full({1, 2, 2}, std::numeric_limits<double>::quiet_NaN(), DType::f32);
+  ops::gemm(out, ones({1, 2, 3}, DType::f32), ones({1, 3, 2}, DType::f32));
+  EXPECT_EQ(out.to_vector<double>(), std::vector<double>(4, 3.0));
+  // K = 0: out = beta * out (and zeros when beta = 0, NaN or not).
+  ops::GemmArgs args;
+  args.beta = 0.5;
+  ops::gemm(out, ones({1, 2, 0}, DType::f32), ones({1, 0, 2}, DType::f32), args);
+  EXPECT_EQ(out.to_vector<double>(), std::vector<double>(4, 1.5));
+  out.fill_(std::numeric_limits<double>::quiet_NaN());
+  ops::gemm(out, ones({1, 2, 0}, DType::f32), ones({1, 0, 2}, DType::f32));
+  EXPECT_EQ(out.to_vector<double>(), std::vector<double>(4, 0.0));
+}
+
+// ---- errors ----
+
+TEST(Matmul, ErrorsNameTheOpAndBothShapes) {
+  expect_contains(message_of([] {
+                    matmul(ones({2, 3}), ones({4, 5}));
+                  }),
+                  {"matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
+  expect_contains(message_of([] {
+                    matmul(ones({2, 2, 3}), ones({3, 3, 4}));
+                  }),
+                  {"matmul", "[2, 2, 3]", "[3, 3, 4]", "batch dimensions [2] and [3]"});
+  expect_contains(message_of([] { matmul(ones({3}), ones({4})); }), {"matmul", "[3]", "[4]", "3 != 4"});
+  expect_contains(message_of([] { matmul(ones({}), ones({4})); }), {"matmul", "[]", "[4]"});
+  expect_contains(message_of([] { bmm(ones({2, 3}), ones({2, 3, 4})); }), {"bmm", "[2, 3]", "[2, 3, 4]", "3-D"});
+  expect_contains(message_of([] {
+                    bmm(ones({2, 3, 4}), ones({3, 4, 5}));
+                  }),
+                  {"bmm", "[2, 3, 4]", "[3, 4, 5]", "2 != 3"});
+  expect_contains(message_of([] { bmm(ones({2, 3, 4}), ones({2, 5, 6})); }), {"bmm", "4 != 5"});
+  expect_contains(message_of([] { linear(ones({2, 5}), ones({3, 4})); }), {"linear", "[2, 5]", "[3, 4]", "5 != 4"});
+  expect_contains(message_of([] { linear(ones({2, 4}), ones({3, 4}), ones({4})); }), {"linear", "bias", "[3]", "[4]"});
+  expect_contains(message_of([] { linear(ones({2, 4}), ones({4})); }), {"linear", "weight", "[4]"});
+  EXPECT_THROW(matmul(ones({2, 2}, DType::i64), ones({2, 2})), DTypeError);
+}
+
+TEST(Matmul, DifferentDevicesAreAnError) {
+  MT_SKIP_WITHOUT_CUDA();
+  EXPECT_THROW(matmul(ones({2, 2}), ones({2, 2}, cuda_device(0))), DeviceError);
+  EXPECT_THROW(linear(ones({2, 2}), ones({2, 2}), ones({2}, cuda_device(0))), DeviceError);
+}
+
+// ---- gradients ----
+
+TEST(Matmul, GradientOnlyForInputsThatRequireIt) {
+  const Tensor a = random({2, 3, 4}, DType::f64, 1);
+  Tensor b = random({4, 5}, DType::f64, 2).requires_grad_();
+  const Tensor w = random({2, 3, 5}, DType::f64, 3);
+  sum(matmul(a, b) * w).backward();
+  EXPECT_FALSE(a.grad().defined());
+  ASSERT_TRUE(b.grad().defined());
+  // dB = sum over the batch of A^T W.
+  std::vector<double> want(20, 0.0);
+  const std::vector<double> per = naive_matmul(raw::contiguous(raw::transpose(a, 1, 2)), w);
+  for (size_t i = 0; i < per.size(); ++i) want[i % 20] += per[i];
+  expect_close(b.grad().to_vector<double>(), want, 1e-13);
+}
+
+TEST(Linear, GradientOnlyForInputsThatRequireIt) {
+  Tensor x = random({2, 3, 4}, DType::f64, 1).requires_grad_();
+  const Tensor w = random({5, 4}, DType::f64, 2);
+  Tensor b = random({5}, DType::f64, 3).requires_grad_();
+  const Tensor dy = random({2, 3, 5}, DType::f64, 4);
+  linear(x, w, b).backward(dy);
+  EXPECT_FALSE(w.grad().defined());
+  expect_close(x.grad().to_vector<double>(), matmul(dy, w).to_vector<double>(), 1e-13);
+  expect_close(b.grad().to_vector<double>(), sum(dy, {0, 1}).to_vector<double>(), 1e-13);
+}
+
+// x is saved only for dW and W only for dx: an in-place change to an unsaved
+// input after the forward is harmless, one to a saved input is caught.
+TEST(Linear, SavesOnlyWhatTheRequestedGradientsRead) {
+  {
+    Tensor x = random({3, 4}, DType::f64, 1).requires_grad_();
+    Tensor w = random({2, 4}, DType::f64, 2);
+    const Tensor y = linear(x, w);
+    x.fill_(7.0);  // x was not saved: W needs no gradient
+    sum(y).backward();
+    expect_close(x.grad().to_vector<double>(), matmul(ones({3, 2}, DType::f64), w).to_vector<double>(), 1e-13);
+  }
+  {
+    Tensor x = random({3, 4}, DType::f64, 1).requires_grad_();
+    Tensor w = random({2, 4}, DType::f64, 2);
+    const Tensor y = linear(x, w);
+    w.fill_(7.0);  // W was saved for dx
+    EXPECT_THROW(sum(y).backward(), Error);
+  }
+}
+
+TEST(Matmul, SavesOnlyWhatTheRequestedGradientsRead) {
+  Tensor a = random({3, 4}, DType::f64, 1).requires_grad_();
+  Tensor b = random({4, 2}, DType::f64, 2);
+  const Tensor b_copy = raw::clone(b);
+  const Tensor y = matmul(a, b);
+  a.fill_(1.0);  // a was not saved: b needs no gradient
+  sum(y).backward();
+  expect_close(a.grad().to_vector<double>(),
+               matmul(ones({3, 2}, DType::f64), b_copy.transpose(0, 1)).to_vector<double>(), 1e-13);
+}
+
+// ---- CUDA ----
+
+TEST(MatmulCuda, F64AndStridedOperandsMatchCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  const Tensor a = random({2, 7, 9}, DType::f64, 1), b = random({9, 6}, DType::f64, 2);
+  // f64 through CUBLAS_COMPUTE_64F.
+  expect_close(matmul(raw::to(a, gpu), raw::to(b, gpu)).to_vector<double>(), matmul(a, b).to_vector<double>(), 1e-12);
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor ah = raw::to(a, dtype), bh = raw::to(b, dtype);
+    const double tol = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1e-2;
+    // An operand starting one element in (2- or 4-byte aligned, not 16), transposed and batched.
+    const Tensor an = raw::narrow(raw::to(ah, gpu), 2, 1, 8), bn = raw::narrow(raw::to(bh, gpu), 0, 1, 8);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(an.data_ptr()) % 16, 0u);
+    expect_close(matmul(an, bn).to_vector<double>(),
+                 matmul(raw::to(raw::narrow(ah, 2, 1, 8), DType::f64), raw::to(raw::narrow(bh, 0, 1, 8), DType::f64))
+                     .to_vector<double>(),
+                 tol);
+    const Tensor at = raw::transpose(ah, 1, 2);  // [2, 9, 7], column-major
+    expect_close(matmul(raw::to(at, gpu).transpose(1, 2), raw::to(bh, gpu)).to_vector<double>(),
+                 matmul(raw::to(a, dtype), raw::to(b, dtype)).to_vector<double>(), tol);
+    const Tensor strided = raw::slice(ah, 2, 0, 9, 2);  // inner stride 2: copied first
+    expect_close(
+        matmul(raw::to(ah, gpu).slice(2, 0, 9, 2), raw::to(raw::slice(bh, 0, 0, 9, 2), gpu)).to_vector<double>(),
+        matmul(raw::to(strided, DType::f64), raw::to(raw::slice(bh, 0, 0, 9, 2), DType::f64)).to_vector<double>(), tol);
+  }
+}
+
+TEST(MatmulCuda, AlphaBetaOnTheDevice) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  const Tensor a = random({3, 4, 5}), b = random({1, 5, 6}), c = random({3, 4, 6});
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    ops::GemmArgs args;
+    args.alpha = -1.5;
+    args.beta = 2.0;
+    Tensor out_cpu = raw::clone(raw::to(c, dtype)), out_gpu = raw::to(raw::to(c, dtype), gpu);
+    ops::gemm(out_cpu, raw::to(a, dtype), raw::to(b, dtype), args);
+    ops::gemm(out_gpu, raw::to(raw::to(a, dtype), gpu), raw::to(raw::to(b, dtype), gpu), args);
+    expect_close(out_gpu.to_vector<double>(), out_cpu.to_vector<double>(), dtype == DType::bf16 ? 1e-2 : 1e-5);
+  }
+}
+
+TEST(MatmulCuda, RunsOnTheCurrentStream) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  const Tensor a = random({64, 32}, DType::f32, 1), b = random({32, 48}, DType::f32, 2);
+  const Tensor want = matmul(a, b);
+  const cuda::Stream side = cuda::Stream::create(0);
+  cuda::StreamGuard guard(side);  // a second workspace, on this stream
+  const Tensor ag = raw::to(a, gpu), bg = raw::to(b, gpu);
+  const Tensor got = matmul(ag, bg);
+  side.synchronize();
+  expect_close(got.to_vector<double>(), want.to_vector<double>(), 1e-5);
+}
+
+}  // namespace
+}  // namespace mt::testing

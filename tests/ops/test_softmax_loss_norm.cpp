@@ -1,0 +1,493 @@
+// Op-contract cases for the softmax, loss and norm families, plus behaviour the
+// contract does not cover: stability for large inputs, hand-computed values,
+// ignore_index, error messages, statistics of the normalised rows.
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "core/view.h"
+#include "ops/loss/loss.h"
+#include "ops/norm/norm.h"
+#include "ops/ops.h"
+#include "ops/softmax/softmax.h"
+#include "tests/ops/op_contract.h"
+#include "tests/test_util.h"
+
+namespace mt::testing {
+namespace {
+
+using In = std::vector<Tensor>;
+
+Tensor i64_tensor(const std::vector<double>& values, const Shape& shape) {
+  return from_vector(values, shape, DType::i64);
+}
+
+// ---- softmax ----
+MT_OP_CASE(OpCase("softmax", "softmax_last_dim").inputs({{3, 5}}).compute([](const In& x) { return softmax(x[0]); }));
+MT_OP_CASE(OpCase("softmax", "softmax_dim0").inputs({{4, 3}}).compute([](const In& x) { return softmax(x[0], 0); }));
+MT_OP_CASE(OpCase("softmax", "softmax_middle_dim_3d").inputs({{2, 3, 4}}).compute([](const In& x) {
+  return softmax(x[0], 1);
+}));
+MT_OP_CASE(OpCase("log_softmax", "log_softmax_last_dim").inputs({{3, 5}}).compute([](const In& x) {
+  return log_softmax(x[0], -1);
+}));
+MT_OP_CASE(OpCase("log_softmax", "log_softmax_dim0_3d").inputs({{3, 2, 2}}).compute([](const In& x) {
+  return log_softmax(x[0], 0);
+}));
+
+// ---- cross_entropy (targets via extra(): the gradcheck perturbs only the logits) ----
+MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_mean")
+               .inputs({{4, 5}})
+               .extra([] {
+                 return In{i64_tensor({1, 3, 0, 4}, {4})};
+               })
+               .compute([](const In& x) { return cross_entropy(x[0], x[1]); }));
+MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_sum")
+               .inputs({{4, 5}})
+               .extra([] {
+                 return In{i64_tensor({2, 2, 0, 1}, {4})};
+               })
+               .compute([](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::sum); }));
+MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_mean_ignore_index")
+               .inputs({{5, 4}})
+               .extra([] {
+                 return In{i64_tensor({1, -100, 3, -100, 0}, {5})};
+               })
+               .compute([](const In& x) { return cross_entropy(x[0], x[1]); }));
+MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_none_ignore_2")
+               .inputs({{4, 3}})
+               .extra([] {
+                 return In{from_vector({2, 0, 1, 2}, {4}, DType::i32)};
+               })
+               .compute([](const In& x) { return cross_entropy(x[0], x[1], /*ignore_index=*/2, Reduction::none); }));
+MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_spatial_mean")
+               .inputs({{2, 3, 2}})
+               .extra([] {
+                 return In{i64_tensor({0, 2, -100, 1}, {2, 2})};
+               })
+               .compute([](const In& x) { return cross_entropy(x[0], x[1]); }));
+
+// ---- norms (weight and bias are floating inputs, so their gradients are checked too) ----
+MT_OP_CASE(OpCase("layer_norm", "layer_norm_affine").inputs({{3, 6}, {6}, {6}}).compute([](const In& x) {
+  return layer_norm(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(OpCase("layer_norm", "layer_norm_no_affine").inputs({{3, 6}}).compute([](const In& x) {
+  return layer_norm(x[0], Tensor(), Tensor());
+}));
+MT_OP_CASE(OpCase("layer_norm", "layer_norm_weight_only_3d").inputs({{2, 3, 4}, {4}}).compute([](const In& x) {
+  return layer_norm(x[0], x[1], Tensor(), 1e-3);
+}));
+MT_OP_CASE(OpCase("layer_norm", "layer_norm_bias_only").inputs({{4, 5}, {5}}).compute([](const In& x) {
+  return layer_norm(x[0], Tensor(), x[1]);
+}));
+MT_OP_CASE(OpCase("rms_norm", "rms_norm_weight").inputs({{3, 6}, {6}}).compute([](const In& x) {
+  return rms_norm(x[0], x[1]);
+}));
+MT_OP_CASE(OpCase("rms_norm", "rms_norm_no_weight_3d").inputs({{2, 2, 5}}).compute([](const In& x) {
+  return rms_norm(x[0], Tensor(), 1e-5);
+}));
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(msg.empty()) << "expected an error";
+  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
+// ---- softmax ----
+
+TEST(Softmax, RowsSumToOneAndLargeInputsStayFinite) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    // exp(1000) overflows every floating type: only the max-subtracted form survives.
+    const Tensor x = from_vector({1000, 1001, 1002, 999, -5, 0, 5, 1}, {2, 4}, dtype);
+    const std::vector<double> xv = x.to_vector<double>();  // as rounded to dtype (bf16 keeps 1000 and 1000)
+    const std::vector<double> y = softmax(x).to_vector<double>();
+    const std::vector<double> z = log_softmax(x).to_vector<double>();
+    const double tol = dtype == DType::f64 ? 1e-12 : dtype == DType::f32 ? 1e-6 : 1e-2;
+    for (int r = 0; r < 2; ++r) {
+      double s = 0, denom = 0;
+      for (int c = 0; c < 4; ++c) denom += std::exp(xv[r * 4 + c] - xv[r * 4 + 2]);  // x[r, 2] is the row max
+      for (int c = 0; c < 4; ++c) {
+        const double want_log = (xv[r * 4 + c] - xv[r * 4 + 2]) - std::log(denom);
+        EXPECT_NEAR(y[r * 4 + c], std::exp(want_log), tol) << dtype_name(dtype) << " " << r << "," << c;
+        EXPECT_NEAR(z[r * 4 + c], want_log, 4 * tol) << dtype_name(dtype) << " " << r << "," << c;
+        s += y[r * 4 + c];
+      }
+      EXPECT_NEAR(s, 1.0, 4 * tol) << dtype_name(dtype) << " row " << r;
+    }
+    EXPECT_EQ(softmax(x).dtype(), dtype);
+  }
+}
+
+TEST(Softmax, LogSoftmaxEqualsLogOfSoftmaxInF64) {
+  Generator gen(7);
+  const Tensor x = randn({4, 7}, DType::f64, &gen) * 3.0;
+  for (int64_t dim : {0, 1, -1}) {
+    const std::vector<double> a = log_softmax(x, dim).to_vector<double>();
+    const std::vector<double> b = log(softmax(x, dim)).to_vector<double>();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12) << "dim " << dim << " element " << i;
+  }
+}
+
+TEST(Softmax, OtherDimMatchesTransposeAndIsContiguous) {
+  Generator gen(8);
+  const Tensor x = randn({3, 5}, DType::f64, &gen);
+  const Tensor a = softmax(x, 0);
+  const Tensor b = softmax(x.transpose(0, 1), 1).transpose(0, 1);
+  EXPECT_TRUE(a.is_contiguous());
+  EXPECT_EQ(a.shape(), x.shape());
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  for (size_t i = 0; i < av.size(); ++i) EXPECT_NEAR(av[i], bv[i], 1e-15);
+}
+
+TEST(Softmax, ZeroDimTensorIsOne) {
+  Tensor x = full({}, 3.0, DType::f64).requires_grad_();
+  const Tensor y = softmax(x);
+  EXPECT_EQ(y.shape(), Shape{});
+  EXPECT_EQ(y.item(), 1.0);
+  EXPECT_EQ(log_softmax(x).item(), 0.0);
+  y.backward();
+  EXPECT_EQ(x.grad().item(), 0.0);
+}
+
+TEST(Softmax, RejectsIntegerInputAndBadDim) {
+  expect_contains(error_of([] { softmax(ones({2, 3}, DType::i64)); }), {"softmax", "i64"});
+  expect_contains(error_of([] { log_softmax(ones({2, 3}), 2); }), {"log_softmax", "2"});
+}
+
+// ---- cross_entropy ----
+
+TEST(CrossEntropy, MatchesHandComputation) {
+  const Tensor logits = from_vector({1, 2, 3, 1, 1, 1}, {2, 3}, DType::f64);
+  const Tensor target = i64_tensor({2, 0}, {2});
+  const double l0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0;
+  const double l1 = std::log(3.0);
+  const std::vector<double> none = cross_entropy(logits, target, -100, Reduction::none).to_vector<double>();
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_NEAR(none[0], l0, 1e-12);
+  EXPECT_NEAR(none[1], l1, 1e-12);
+  EXPECT_NEAR(cross_entropy(logits, target, -100, Reduction::sum).item(), l0 + l1, 1e-12);
+  EXPECT_NEAR(cross_entropy(logits, target).item(), (l0 + l1) / 2, 1e-12);
+  EXPECT_EQ(cross_entropy(logits, target).shape(), Shape{});
+
+  // d(mean)/dlogits = (softmax - onehot) / N
+  Tensor x = logits.clone().requires_grad_();
+  cross_entropy(x, target).backward();
+  const std::vector<double> g = x.grad().to_vector<double>();
+  const double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+  EXPECT_NEAR(g[0], std::exp(1.0) / z / 2, 1e-12);
+  EXPECT_NEAR(g[2], (std::exp(3.0) / z - 1) / 2, 1e-12);
+  EXPECT_NEAR(g[3], (1.0 / 3 - 1) / 2, 1e-12);
+  EXPECT_NEAR(g[4], (1.0 / 3) / 2, 1e-12);
+}
+
+TEST(CrossEntropy, LargeLogitsStayFinite) {
+  const Tensor logits = from_vector({1000, 0, -1000, 1000}, {2, 2}, DType::f32);
+  const std::vector<double> l =
+      cross_entropy(logits, i64_tensor({0, 0}, {2}), -100, Reduction::none).to_vector<double>();
+  EXPECT_NEAR(l[0], 0.0, 1e-6);
+  EXPECT_NEAR(l[1], 2000.0, 1e-3);
+}
+
+TEST(CrossEntropy, IgnoredRowsLeaveTheMeanDenominator) {
+  const Tensor logits = from_vector({0.5, -1, 2, 0, 3, 1, -2, 0.25, 1, 1, 0, -1}, {3, 4}, DType::f64);
+  const Tensor target = i64_tensor({1, -100, 2}, {3});
+  const std::vector<double> rows = cross_entropy(logits, target, -100, Reduction::none).to_vector<double>();
+  EXPECT_EQ(rows[1], 0.0);
+  EXPECT_NEAR(cross_entropy(logits, target).item(), (rows[0] + rows[2]) / 2, 1e-12);  // 2 rows count, not 3
+  EXPECT_NEAR(cross_entropy(logits, target, -100, Reduction::sum).item(), rows[0] + rows[2], 1e-12);
+
+  Tensor x = logits.clone().requires_grad_();
+  cross_entropy(x, target).backward();
+  const std::vector<double> g = x.grad().to_vector<double>();
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(g[4 + c], 0.0) << "ignored row, class " << c;
+  double row0 = 0;
+  for (int c = 0; c < 4; ++c) row0 += g[c];
+  EXPECT_NEAR(row0, 0.0, 1e-12);  // softmax - onehot sums to 0 over a row
+  EXPECT_NEAR(g[1], (std::exp(-1.0) / (std::exp(0.5) + std::exp(-1.0) + std::exp(2.0) + 1.0) - 1) / 2, 1e-12);
+
+  // A custom ignore_index that is a valid class.
+  const Tensor t2 = i64_tensor({1, 1, 2}, {3});
+  EXPECT_NEAR(cross_entropy(logits, t2, /*ignore_index=*/1).item(), rows[2], 1e-12);
+}
+
+TEST(CrossEntropy, AllRowsIgnoredGivesNanMeanAndZeroGradient) {
+  Tensor x = from_vector({1, 2, 3, 4}, {2, 2}, DType::f64).requires_grad_();
+  const Tensor target = i64_tensor({-100, -100}, {2});
+  const Tensor loss = cross_entropy(x, target);
+  EXPECT_TRUE(std::isnan(loss.item()));
+  EXPECT_EQ(cross_entropy(x, target, -100, Reduction::sum).item(), 0.0);
+  loss.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0, 0}));
+}
+
+TEST(CrossEntropy, LossIsF32ForHalfLogitsAndGradientKeepsTheirDtype) {
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+    Tensor x = from_vector({1, 2, 3, 0.5, 0.25, 0}, {2, 3}, dtype).requires_grad_();
+    const Tensor loss = cross_entropy(x, from_vector({2, 1}, {2}, DType::i32));
+    EXPECT_EQ(loss.dtype(), DType::f32) << dtype_name(dtype);
+    loss.backward();
+    EXPECT_EQ(x.grad().dtype(), dtype);
+  }
+  EXPECT_EQ(cross_entropy(ones({2, 3}, DType::f64), i64_tensor({0, 1}, {2})).dtype(), DType::f64);
+}
+
+TEST(CrossEntropy, SpatialDimsMatchFlattenedRows) {
+  Generator gen(9);
+  const Tensor logits = randn({2, 3, 2}, DType::f64, &gen);  // [N, C, d]
+  const Tensor target = i64_tensor({0, 2, 1, 1}, {2, 2});    // [N, d]
+  const Tensor flat = logits.permute({0, 2, 1}).reshape({4, 3});
+  const std::vector<double> a = cross_entropy(logits, target, -100, Reduction::none).to_vector<double>();
+  const std::vector<double> b = cross_entropy(flat, target.reshape({4}), -100, Reduction::none).to_vector<double>();
+  EXPECT_EQ(cross_entropy(logits, target, -100, Reduction::none).shape(), (Shape{2, 2}));
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-14);
+}
+
+TEST(CrossEntropy, ErrorsNameTheOpShapesAndDtypes) {
+  const Tensor logits = zeros({3, 4});
+  try {
+    cross_entropy(logits, i64_tensor({0, 1}, {2}));
+    FAIL() << "expected a ShapeError";
+  } catch (const ShapeError& e) {
+    expect_contains(e.what(), {"cross_entropy", "[3, 4]", "[2]", "[3]"});
+  }
+  try {
+    cross_entropy(logits, zeros({3}));
+    FAIL() << "expected a DTypeError";
+  } catch (const DTypeError& e) {
+    expect_contains(e.what(), {"cross_entropy", "f32[3]", "i64"});
+  }
+  expect_contains(error_of([&] {
+                    cross_entropy(logits, i64_tensor({0, 7, 1}, {3}));
+                  }),
+                  {"cross_entropy", "7", "4 classes", "index 1"});
+  expect_contains(error_of([&] { cross_entropy(logits, i64_tensor({0, -1, 1}, {3})); }), {"cross_entropy", "-1"});
+  expect_contains(error_of([] { cross_entropy(zeros({4}), i64_tensor({0}, {1})); }), {"cross_entropy", "[4]"});
+  expect_contains(error_of([] {
+                    cross_entropy(ones({2, 3}, DType::i64), i64_tensor({0, 1}, {2}));
+                  }),
+                  {"cross_entropy", "i64[2, 3]"});
+}
+
+// ---- norms ----
+
+TEST(LayerNorm, RowsHaveZeroMeanAndUnitVarianceWithoutAffine) {
+  Generator gen(10);
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const Tensor x = raw::to(randn({4, 16}, DType::f64, &gen) * 3.0 + 5.0, dtype);
+    const std::vector<double> y = layer_norm(x, Tensor(), Tensor(), /*eps=*/0.0).to_vector<double>();
+    const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+    for (int r = 0; r < 4; ++r) {
+      double m = 0, v = 0;
+      for (int c = 0; c < 16; ++c) m += y[r * 16 + c] / 16;
+      for (int c = 0; c < 16; ++c) v += (y[r * 16 + c] - m) * (y[r * 16 + c] - m) / 16;
+      EXPECT_NEAR(m, 0.0, tol) << dtype_name(dtype) << " row " << r;
+      EXPECT_NEAR(v, 1.0, 10 * tol) << dtype_name(dtype) << " row " << r;
+    }
+  }
+}
+
+TEST(LayerNorm, AffineValuesMatchTheFormula) {
+  const Tensor x = from_vector({1, 2, 3, 4}, {1, 4}, DType::f64);
+  const Tensor w = from_vector({1, 2, 0.5, -1}, {4}, DType::f64);
+  const Tensor b = from_vector({0, 1, 0, -2}, {4}, DType::f64);
+  const double eps = 1e-5, rs = 1.0 / std::sqrt(1.25 + eps);  // mean 2.5, var 1.25
+  const std::vector<double> y = layer_norm(x, w, b, eps).to_vector<double>();
+  const std::vector<double> want = {-1.5 * rs, 2 * -0.5 * rs + 1, 0.5 * 0.5 * rs, -1.5 * rs - 2};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(y[i], want[i], 1e-12) << i;
+}
+
+TEST(LayerNorm, ParameterGradientsWithoutInputGradient) {
+  Generator gen(11);
+  const Tensor x = randn({5, 3}, DType::f64, &gen);  // no grad
+  Tensor w = ones({3}, DType::f64).requires_grad_();
+  Tensor b = zeros({3}, DType::f64).requires_grad_();
+  const Tensor dy = randn({5, 3}, DType::f64, &gen);
+  const Tensor y = layer_norm(x, w, b);
+  sum(y * dy).backward();
+  // With w = 1, b = 0: dweight = sum_rows(dy * y), dbias = sum_rows(dy).
+  const std::vector<double> gw = w.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+  const std::vector<double> want_w = sum(y.detach() * dy, {0}).to_vector<double>();
+  const std::vector<double> want_b = sum(dy, {0}).to_vector<double>();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(gw[i], want_w[i], 1e-12);
+    EXPECT_NEAR(gb[i], want_b[i], 1e-12);
+  }
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(LayerNorm, BiasOnlyGradient) {
+  const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f32);
+  Tensor b = zeros({3}).requires_grad_();
+  sum(layer_norm(x, Tensor(), b) * 2.0).backward();
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{4, 4, 4}));
+}
+
+TEST(RmsNorm, ValuesMatchTheFormula) {
+  const Tensor x = from_vector({3, 4, -1, 1}, {2, 2}, DType::f64);
+  const Tensor w = from_vector({2, 0.5}, {2}, DType::f64);
+  const double eps = 1e-6;
+  const double r0 = 1 / std::sqrt(12.5 + eps), r1 = 1 / std::sqrt(1.0 + eps);
+  const std::vector<double> y = rms_norm(x, w, eps).to_vector<double>();
+  EXPECT_NEAR(y[0], 3 * r0 * 2, 1e-12);
+  EXPECT_NEAR(y[1], 4 * r0 * 0.5, 1e-12);
+  EXPECT_NEAR(y[2], -1 * r1 * 2, 1e-12);
+  EXPECT_NEAR(y[3], 1 * r1 * 0.5, 1e-12);
+  // Without a weight: mean of squares of the output is 1 (up to eps).
+  const std::vector<double> z = rms_norm(x, Tensor(), 0.0).to_vector<double>();
+  EXPECT_NEAR(z[0] * z[0] + z[1] * z[1], 2.0, 1e-12);
+}
+
+TEST(Norm, HalfInputsKeepTheirDtype) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const Tensor x = from_vector({1, 2, 3, 4}, {2, 2}, dtype);
+    EXPECT_EQ(layer_norm(x, ones({2}, dtype), zeros({2}, dtype)).dtype(), dtype);
+    EXPECT_EQ(rms_norm(x, Tensor()).dtype(), dtype);
+    EXPECT_NEAR(layer_norm(x, Tensor(), Tensor()).to_vector<double>()[1], 1.0, 1e-2);
+  }
+}
+
+TEST(Norm, ErrorsNameTheOpShapesAndDtypes) {
+  const Tensor x = zeros({2, 4});
+  try {
+    layer_norm(x, ones({5}), Tensor());
+    FAIL() << "expected a ShapeError";
+  } catch (const ShapeError& e) {
+    expect_contains(e.what(), {"layer_norm", "weight", "f32[5]", "[2, 4]", "[4]"});
+  }
+  try {
+    rms_norm(x, ones({4}, DType::f64));
+    FAIL() << "expected a DTypeError";
+  } catch (const DTypeError& e) {
+    expect_contains(e.what(), {"rms_norm", "f64[4]", "f32[2, 4]"});
+  }
+  expect_contains(error_of([&] { layer_norm(x, Tensor(), ones({2, 2})); }), {"layer_norm", "bias", "[2, 2]"});
+  expect_contains(error_of([] { layer_norm(zeros({3, 0}), Tensor(), Tensor()); }), {"layer_norm", "[3, 0]"});
+  expect_contains(error_of([] { rms_norm(ones({2}, DType::i32), Tensor()); }), {"rms_norm", "i32"});
+}
+
+// ---- CUDA at sizes the contract's small cases do not reach: many warps per row,
+// more rows than one grid launches, several row groups for dweight / dbias ----
+
+double relative_norm_error(const Tensor& got, const Tensor& ref) {
+  const std::vector<double> a = got.to_vector<double>(), b = ref.to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isnan(a[i])) continue;
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+// fn(inputs, extra) on CUDA in `dtype` against fn on the CPU in f64 from the same
+// rounded inputs: the output and every input's gradient, by relative norm.
+void expect_cuda_matches_f64(const std::string& name, const std::vector<Tensor>& inputs, const Tensor& extra,
+                             DType dtype, double tol, const std::function<Tensor(const In&)>& fn) {
+  In ref, gpu;
+  for (const Tensor& t : inputs) {
+    const Tensor rounded = raw::to(t, dtype);
+    ref.push_back(
+        raw::clone(raw::to(rounded, DType::f64)).requires_grad_(true));  // fresh leaves: f64 -> f64 is no copy
+    gpu.push_back(raw::to(rounded, cuda_device(0)).requires_grad_(true));
+  }
+  In ref_args = ref, gpu_args = gpu;
+  if (extra.defined()) {
+    ref_args.push_back(extra);
+    gpu_args.push_back(raw::to(extra, cuda_device(0)));
+  }
+  const Tensor ref_out = fn(ref_args), gpu_out = fn(gpu_args);
+  ASSERT_TRUE(gpu_out.is_cuda()) << name;
+  EXPECT_LE(relative_norm_error(gpu_out, ref_out), tol) << name << " " << dtype_name(dtype) << ": forward";
+  Generator gen(99);
+  const Tensor w = raw::to(randn(ref_out.shape(), DType::f64, &gen), gpu_out.dtype());
+  sum(ref_out * raw::to(w, DType::f64)).backward();
+  sum(gpu_out * raw::to(w, cuda_device(0))).backward();
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    ASSERT_TRUE(gpu[k].grad().defined()) << name << ": input " << k;
+    EXPECT_LE(relative_norm_error(gpu[k].grad(), ref[k].grad()), tol)
+        << name << " " << dtype_name(dtype) << ": gradient of input " << k;
+  }
+}
+
+double tolerance_for(DType dtype) {
+  return dtype == DType::f64 ? 1e-12 : dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? 2e-2 : 4e-3;
+}
+
+TEST(SoftmaxLossNormCuda, LargeShapesMatchF64Cpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(12);
+  const auto normal = [&](const Shape& shape, double scale = 1.0) { return randn(shape, DType::f64, &gen) * scale; };
+  const Tensor wide = normal({3, 3001}, 4.0);     // 512 threads per row, each looping over 6 elements
+  const Tensor tall = normal({70001, 3});         // more rows than blocks in the grid
+  const Tensor logits = normal({6, 50257}, 3.0);  // a GPT-2 vocabulary
+  std::vector<double> t = {17, -100, 50256, 0, 31337, 2};
+  const Tensor target = from_vector(t, {6}, DType::i64);
+  const Tensor x_norm = normal({1500, 768}, 2.0);  // 1500 rows: 24 row groups for dweight / dbias
+  const Tensor w = normal({768}), b = normal({768});
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    const double tol = tolerance_for(dtype);
+    expect_cuda_matches_f64("softmax_wide", {wide}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
+    expect_cuda_matches_f64("log_softmax_wide", {wide}, Tensor(), dtype, tol,
+                            [](const In& x) { return log_softmax(x[0], 1); });
+    expect_cuda_matches_f64("softmax_tall", {tall}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
+    expect_cuda_matches_f64("log_softmax_tall_dim0", {normal({2, 700, 3})}, Tensor(), dtype, tol,
+                            [](const In& x) { return log_softmax(x[0], 1); });
+    expect_cuda_matches_f64("cross_entropy_vocab_mean", {logits}, target, dtype, tol,
+                            [](const In& x) { return cross_entropy(x[0], x[1]); });
+    expect_cuda_matches_f64("cross_entropy_vocab_none", {logits}, target, dtype, tol,
+                            [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::none); });
+    expect_cuda_matches_f64("cross_entropy_tall_sum", {normal({70001, 3})},
+                            raw::to(uniform({70001}, 0, 2.999, DType::f64, &gen), DType::i64), dtype, tol,
+                            [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::sum); });
+    expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
+                            [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
+    expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
+                            [](const In& x) { return rms_norm(x[0], x[1]); });
+    expect_cuda_matches_f64("rms_norm_tall", {normal({70001, 4}), normal({4})}, Tensor(), dtype, tol,
+                            [](const In& x) { return rms_norm(x[0], x[1]); });
+  }
+}
+
+TEST(SoftmaxLossNormCuda, OutOfRangeTargetGivesNanRowWithoutSync) {
+  MT_SKIP_WITHOUT_CUDA();
+  Tensor x = raw::to(from_vector({1, 2, 3, 4, 5, 6}, {2, 3}), cuda_device(0)).requires_grad_();
+  const Tensor target = raw::to(i64_tensor({7, 1}, {2}), cuda_device(0));
+  const Tensor rows = cross_entropy(x, target, -100, Reduction::none);
+  const std::vector<double> l = rows.to_vector<double>();
+  EXPECT_TRUE(std::isnan(l[0]));
+  EXPECT_NEAR(l[1], std::log(std::exp(4.0) + std::exp(5.0) + std::exp(6.0)) - 5.0, 1e-5);
+  sum(rows).backward();
+  const std::vector<double> g = x.grad().to_vector<double>();
+  EXPECT_TRUE(std::isnan(g[0]));
+  EXPECT_FALSE(std::isnan(g[3]));
+}
+
+TEST(SoftmaxLossNormCuda, IgnoredRowsAndCountStayOnTheDevice) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Tensor logits = from_vector({0.5, -1, 2, 0, 3, 1, -2, 0.25, 1, 1, 0, -1}, {3, 4}, DType::f32);
+  const Tensor target = i64_tensor({1, -100, 2}, {3});
+  Tensor xc = raw::to(logits, cuda_device(0)).requires_grad_();
+  Tensor xr = logits.clone().requires_grad_();
+  const Tensor lc = cross_entropy(xc, raw::to(target, cuda_device(0)));
+  const Tensor lr = cross_entropy(xr, target);
+  EXPECT_NEAR(lc.item(), lr.item(), 1e-6);
+  lc.backward();
+  lr.backward();
+  const std::vector<double> gc = xc.grad().to_vector<double>(), gr = xr.grad().to_vector<double>();
+  for (size_t i = 0; i < gc.size(); ++i) EXPECT_NEAR(gc[i], gr[i], 1e-6) << i;
+  const Tensor all_ignored = raw::to(i64_tensor({-100, -100, -100}, {3}), cuda_device(0));
+  EXPECT_TRUE(std::isnan(cross_entropy(xc.detach(), all_ignored).item()));
+}
+
+}  // namespace
+}  // namespace mt::testing

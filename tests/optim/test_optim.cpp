@@ -1,0 +1,185 @@
+// Optimizers and the loss scaler: every branch of the scaler's policy is reached
+// (skip, back off, grow, limits), AdamW matches a hand-written reference, and
+// the CUDA kernels match the CPU ones.
+#include <cmath>
+
+#include "core/view.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#include "tests/test_util.h"
+
+namespace mt {
+namespace {
+
+// Reference AdamW for one scalar parameter, in double.
+struct ScalarAdamW {
+  double p, m = 0, v = 0;
+  int t = 0;
+  void step(double g, double lr, double b1, double b2, double eps, double wd) {
+    ++t;
+    p -= lr * wd * p;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double mhat = m / (1 - std::pow(b1, t)), vhat = v / (1 - std::pow(b2, t));
+    p -= lr * mhat / (std::sqrt(vhat) + eps);
+  }
+};
+
+TEST(AdamW, MatchesTheReferenceFormula) {
+  Tensor w = from_vector({0.5, -1.5}, {2}, DType::f64).requires_grad_();
+  AdamW opt({w}, AdamWOptions(0.1).weight_decay(0.01));
+  ScalarAdamW r0{0.5}, r1{-1.5};
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    sum(w * w * w).backward();  // g = 3 w^2
+    const std::vector<double> p = w.to_vector<double>();
+    r0.step(3 * p[0] * p[0], 0.1, 0.9, 0.999, 1e-8, 0.01);
+    r1.step(3 * p[1] * p[1], 0.1, 0.9, 0.999, 1e-8, 0.01);
+    opt.step();
+  }
+  EXPECT_NEAR(w.to_vector<double>()[0], r0.p, 1e-12);
+  EXPECT_NEAR(w.to_vector<double>()[1], r1.p, 1e-12);
+  EXPECT_EQ(opt.steps_taken(), 5);
+}
+
+TEST(SGD, MomentumAndNesterovFollowTorch) {
+  Tensor w = from_vector({1.0}, {1}, DType::f64).requires_grad_();
+  SGD opt({w}, SGDOptions(0.1).momentum(0.9).nesterov(true));
+  // g = 2w; buf1 = g1; update = g1 + 0.9 buf1
+  sum(w * w).backward();
+  opt.step();
+  EXPECT_NEAR(w.item(), 1.0 - 0.1 * (2.0 + 0.9 * 2.0), 1e-12);
+  EXPECT_THROW(SGD({w}, SGDOptions(0.1).nesterov(true)), Error);
+}
+
+// A tiny problem whose gradient can be made infinite on demand.
+struct ScalerFixture {
+  Tensor w;
+  explicit ScalerFixture(Device d) : w(full({3}, 1.0, TensorOptions().device(d)).requires_grad_()) {}
+  Tensor loss(bool poison) const {
+    Tensor l = sum(w * w);
+    return poison ? l * std::numeric_limits<double>::infinity() : l;
+  }
+};
+
+void scaler_contract(Device device) {
+  ScalerFixture f(device);
+  AdamW opt({f.w}, AdamWOptions(0.01));
+  GradScaler scaler(device, GradScalerOptions().growth_interval(3));
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+
+  // A clean step: gradients unscaled exactly, the step taken.
+  scaler.scale(f.loss(false)).backward();
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(opt.steps_taken(), 1);
+  const std::vector<float> after_clean = f.w.to_vector<float>();
+  const std::vector<float> m_before = opt.state(0, 0).exp_avg.to_vector<float>();
+
+  // An injected inf: the step is skipped, weights and state unchanged, scale halved.
+  opt.zero_grad();
+  scaler.scale(f.loss(true)).backward();
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(f.w.to_vector<float>(), after_clean);
+  EXPECT_EQ(opt.state(0, 0).exp_avg.to_vector<float>(), m_before);
+  EXPECT_EQ(opt.steps_taken(), 1);
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  EXPECT_EQ(scaler.consecutive_skips(), 1);
+
+  // growth_interval clean steps in a row double it.
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    scaler.scale(f.loss(false)).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+  EXPECT_EQ(scaler.consecutive_skips(), 0);
+  EXPECT_EQ(opt.steps_taken(), 4);
+
+  // State round-trips.
+  GradScaler copy(device);
+  copy.load_state_dict(scaler.state_dict());
+  EXPECT_EQ(copy.state_dict(), scaler.state_dict());
+}
+
+TEST(GradScaler, SkipBackoffGrowthAndStateOnCpu) { scaler_contract(kCPU); }
+
+TEST(GradScaler, SkipBackoffGrowthAndStateOnCuda) {
+  MT_SKIP_WITHOUT_CUDA();
+  scaler_contract(cuda_device(0));
+}
+
+TEST(GradScaler, UnscaleGivesTheTrueGradient) {
+  Tensor w = full({2}, 3.0).requires_grad_();
+  SGD opt({w}, SGDOptions(0.0));
+  GradScaler scaler(kCPU, GradScalerOptions().init_scale(1024));
+  scaler.scale(sum(w * w)).backward();
+  EXPECT_EQ(w.grad().to_vector<float>()[0], 6.0f * 1024);
+  scaler.unscale_(opt);
+  EXPECT_EQ(w.grad().to_vector<float>()[0], 6.0f);
+  EXPECT_THROW(scaler.unscale_(opt), Error);  // twice before update()
+}
+
+TEST(GradScaler, ConsecutiveSkipLimitRaisesAClearError) {
+  ScalerFixture f(kCPU);
+  SGD opt({f.w}, SGDOptions(0.1));
+  GradScaler scaler(kCPU, GradScalerOptions().max_consecutive_skips(3).min_scale(1e-30));
+  try {
+    for (int i = 0; i < 10; ++i) {
+      opt.zero_grad();
+      scaler.scale(f.loss(true)).backward();
+      scaler.step(opt);
+      scaler.update();
+    }
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 optimizer steps in a row were skipped"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GradScaler, MinimumScaleRaisesAClearError) {
+  ScalerFixture f(kCPU);
+  SGD opt({f.w}, SGDOptions(0.1));
+  GradScaler scaler(kCPU, GradScalerOptions().init_scale(4).min_scale(1).max_consecutive_skips(1000));
+  try {
+    for (int i = 0; i < 10; ++i) {
+      opt.zero_grad();
+      scaler.scale(f.loss(true)).backward();
+      scaler.step(opt);
+      scaler.update();
+    }
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("below min_scale"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AdamW, CudaMatchesCpuOver100Steps) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(7);
+  const Tensor init = randn({257}, DType::f32, &gen);
+  const Tensor target = randn({257}, DType::f32, &gen);
+  Tensor cpu_w = raw::clone(init).requires_grad_();
+  Tensor gpu_w = raw::to(init, cuda_device(0)).requires_grad_();
+  AdamW cpu_opt({cpu_w}, AdamWOptions(1e-2)), gpu_opt({gpu_w}, AdamWOptions(1e-2));
+  const Tensor gpu_target = raw::to(target, cuda_device(0));
+  for (int i = 0; i < 100; ++i) {
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+    sum(pow(cpu_w - target, 2.0)).backward();
+    sum(pow(gpu_w - gpu_target, 2.0)).backward();
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  const std::vector<float> a = cpu_w.to_vector<float>(), b = gpu_w.to_vector<float>();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1e-3));
+  EXPECT_LE(worst, 1e-6) << "relative difference after 100 steps (tolerance 1e-6)";
+}
+
+}  // namespace
+}  // namespace mt
