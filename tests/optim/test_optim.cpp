@@ -2,6 +2,7 @@
 // (skip, back off, grow, limits), AdamW matches a hand-written reference, and
 // the CUDA kernels match the CPU ones.
 #include <cmath>
+#include <cstdio>
 
 #include "core/view.h"
 #include "ops/ops.h"
@@ -175,10 +176,17 @@ TEST(AdamW, CudaMatchesCpuOver100Steps) {
     cpu_opt.step();
     gpu_opt.step();
   }
+  // Relative norm of the difference (METHOD's metric): the GPU fuses multiply-adds
+  // where the CPU rounds twice, so single elements differ in their last bits.
   const std::vector<float> a = cpu_w.to_vector<float>(), b = gpu_w.to_vector<float>();
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1e-3));
-  EXPECT_LE(worst, 1e-6) << "relative difference after 100 steps (tolerance 1e-6)";
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(a[i]) * a[i];
+  }
+  const double relative = std::sqrt(diff / norm);
+  std::printf("[ adamw ] CUDA vs CPU after 100 f32 steps: relative difference %.2e (tolerance 1e-6)\n", relative);
+  EXPECT_LE(relative, 1e-6);
 }
 
 }  // namespace
