@@ -23,8 +23,10 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     for (const Tensor& p : g.params) {
       MT_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
       const TensorOptions opts = TensorOptions().dtype(moment_dtype(p)).device(p.device());
+      const bool narrow = p.dtype() == DType::f16 || p.dtype() == DType::bf16;
+      Tensor master = options.master_weights() && narrow ? raw::to(p, DType::f32) : Tensor();
       states.push_back(State{zeros(p.shape(), opts), zeros(p.shape(), opts),
-                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device()))});
+                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device())), master});
     }
     state_.push_back(std::move(states));
   }
@@ -51,12 +53,13 @@ void AdamW::step_unless(const Tensor& found_inf) {
                g.device().str(), " does not match its parameter ", shape_str(p.shape()), " on ", p.device().str());
       g = raw::contiguous(g.dtype() == p.dtype() ? g : raw::to(g, p.dtype()));
       const State& s = state_[gi][pi];
+      const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master};
       if (p.is_cuda()) {
         optim_kernels::advance_step_cuda(s.step, found_inf);
-        optim_kernels::adamw_cuda(p, g, s.exp_avg, s.exp_avg_sq, s.step, args, found_inf);
+        optim_kernels::adamw_cuda(tensors, args, found_inf);
       } else {
         optim_kernels::advance_step_cpu(s.step, found_inf);
-        optim_kernels::adamw_cpu(p, g, s.exp_avg, s.exp_avg_sq, s.step, args, found_inf);
+        optim_kernels::adamw_cpu(tensors, args, found_inf);
       }
       p.bump_version();
     }

@@ -1,5 +1,5 @@
 // Adam and AdamW (torch.optim.Adam / AdamW): bias-corrected first and second
-// moments kept in f32 (f64 for f64 parameters). AdamW decays the weights
+// moments kept in f32 (f64 for f64 parameters), optionally f32 master weights. AdamW decays the weights
 // directly (p -= lr * wd * p, decoupled); Adam adds wd * p to the gradient.
 // On CUDA each parameter is updated by one fused kernel, which also reads the
 // GradScaler's found-inf flag on the device and skips the update when it is set.
@@ -37,11 +37,20 @@ class AdamWOptions {
   double eps() const { return eps_; }
   double weight_decay() const { return weight_decay_; }
   bool decoupled() const { return decoupled_; }
+  // Master-weight mode: f16/bf16 parameters get an f32 master copy inside the
+  // optimizer; updates accumulate there and the parameter receives them rounded
+  // once per step, so small updates are not lost to the narrow mantissa.
+  AdamWOptions& master_weights(bool m) {
+    master_weights_ = m;
+    return *this;
+  }
+  bool master_weights() const { return master_weights_; }
 
  private:
   double lr_;
   double beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 1e-2;
   bool decoupled_ = true;
+  bool master_weights_ = false;
 };
 
 class AdamW : public Optimizer {
@@ -57,6 +66,7 @@ class AdamW : public Optimizer {
   struct State {
     Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
     Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
+    Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
 

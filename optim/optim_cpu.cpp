@@ -26,20 +26,21 @@ void advance_step_cpu(const Tensor& step, const Tensor& found_inf) {
   ++*step.data<int64_t>();
 }
 
-void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-               const Tensor& step, const AdamWArgs& args, const Tensor& found_inf) {
+void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf) {
   if (found_inf.defined() && *found_inf.data<float>() != 0.0f) return;
-  const AdamWCoefficients c = AdamWCoefficients::from(args, *step.data<int64_t>());
-  dispatch_floating(param.dtype(), "adamw", [&](auto tag) {
+  const AdamWCoefficients c = AdamWCoefficients::from(args, *t.step.data<int64_t>());
+  dispatch_floating(t.param.dtype(), "adamw", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
-    T* p = static_cast<T*>(param.data_ptr());
-    const T* g = static_cast<const T*>(grad.data_ptr());
-    A* m = static_cast<A*>(exp_avg.data_ptr());
-    A* v = static_cast<A*>(exp_avg_sq.data_ptr());
-    for (int64_t i = 0; i < param.numel(); ++i) {
-      A pv = convert<A>(p[i]);
+    T* p = static_cast<T*>(t.param.data_ptr());
+    const T* g = static_cast<const T*>(t.grad.data_ptr());
+    A* m = static_cast<A*>(t.exp_avg.data_ptr());
+    A* v = static_cast<A*>(t.exp_avg_sq.data_ptr());
+    A* master = t.master.defined() ? static_cast<A*>(t.master.data_ptr()) : nullptr;
+    for (int64_t i = 0; i < t.param.numel(); ++i) {
+      A pv = master ? master[i] : convert<A>(p[i]);
       adamw_update<A>(pv, convert<A>(g[i]), m[i], v[i], c);
+      if (master) master[i] = pv;
       p[i] = convert<T>(pv);
     }
   });

@@ -32,14 +32,15 @@ __global__ void advance_step_kernel(int64_t* step, const float* found_inf) {
 }
 
 template <typename T, typename A>
-__global__ void adamw_kernel(T* param, const T* grad, A* m, A* v, int64_t n, AdamWArgs args, const int64_t* step,
-                             const float* found_inf) {
+__global__ void adamw_kernel(T* param, const T* grad, A* m, A* v, A* master, int64_t n, AdamWArgs args,
+                             const int64_t* step, const float* found_inf) {
   if (found_inf != nullptr && *found_inf != 0.0f) return;
   const AdamWCoefficients c = AdamWCoefficients::from(args, *step);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    A p = convert<A>(param[i]);
+    A p = master != nullptr ? master[i] : convert<A>(param[i]);
     adamw_update<A>(p, convert<A>(grad[i]), m[i], v[i], c);
+    if (master != nullptr) master[i] = p;
     param[i] = convert<T>(p);
   }
 }
@@ -82,17 +83,17 @@ void advance_step_cuda(const Tensor& step, const Tensor& found_inf) {
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void adamw_cuda(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor& step, const AdamWArgs& args, const Tensor& found_inf) {
-  const int64_t n = param.numel();
+void adamw_cuda(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf) {
+  const int64_t n = t.param.numel();
   if (n == 0) return;
-  const cuda::Stream stream = cuda::current_stream(param.device().index);
-  dispatch_floating(param.dtype(), "adamw", [&](auto tag) {
+  const cuda::Stream stream = cuda::current_stream(t.param.device().index);
+  dispatch_floating(t.param.dtype(), "adamw", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     adamw_kernel<T, A><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
-        static_cast<T*>(param.data_ptr()), static_cast<const T*>(grad.data_ptr()), static_cast<A*>(exp_avg.data_ptr()),
-        static_cast<A*>(exp_avg_sq.data_ptr()), n, args, step.data<int64_t>(),
+        static_cast<T*>(t.param.data_ptr()), static_cast<const T*>(t.grad.data_ptr()),
+        static_cast<A*>(t.exp_avg.data_ptr()), static_cast<A*>(t.exp_avg_sq.data_ptr()),
+        t.master.defined() ? static_cast<A*>(t.master.data_ptr()) : nullptr, n, args, t.step.data<int64_t>(),
         found_inf.defined() ? found_inf.data<float>() : nullptr);
     MT_CUDA_CHECK_LAUNCH();
   });

@@ -24,12 +24,14 @@ void advance_step_cpu(const Tensor& step, const Tensor& found_inf);
 void advance_step_cuda(const Tensor& step, const Tensor& found_inf);
 
 // One AdamW step on one parameter (f32/f16/bf16/f64) with f32 (f64 for f64) moments,
-// bias-corrected with the count in `step`. Skipped entirely when found_inf (may be
-// undefined) holds a non-zero value.
-void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-               const Tensor& step, const AdamWArgs& args, const Tensor& found_inf);
-void adamw_cuda(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor& step, const AdamWArgs& args, const Tensor& found_inf);
+// bias-corrected with the count in `step`. With a master copy (f32, may be
+// undefined) the update happens on the master and the parameter receives it
+// rounded once. Skipped entirely when found_inf (may be undefined) is non-zero.
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq, step, master;
+};
+void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf);
+void adamw_cuda(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf);
 
 // The scaler's update rule on its device state (scale f32 [1], growth_tracker i32 [1],
 // consecutive_skips i32 [1]): on inf, scale *= backoff and the tracker resets;

@@ -1,18 +1,24 @@
 // A multi-layer perceptron learns to classify points of a three-armed spiral.
 //
-//   build/examples/mlp --device cuda --steps 2000
+//   build/examples/mlp --device cuda --amp bf16
 //
-// The training loop is what a user writes: forward, loss, backward, step.
+// The training loop is what a user writes, as with PyTorch's AMP: forward and
+// loss under autocast, the loss scaled, backward, scaler step, scaler update,
+// learning-rate schedule.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
 #include "ops/ops.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 
 namespace {
@@ -76,8 +82,10 @@ int main(int argc, char** argv) {
   int steps = 1500;
   int hidden = 64;
   int per_class = 300;
-  double lr = 0.2;
+  double lr = 0.01;
   double momentum = 0.9;
+  std::string optimizer_name = "adamw";
+  std::string amp = "off";
   uint64_t seed = 0;
   int log_every = 100;
   double min_accuracy = 0.0;
@@ -89,6 +97,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--momentum", momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 0.999));
+  app.add_option("--optimizer", optimizer_name, "adamw or sgd")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--amp", amp, "mixed precision: off, fp16 (with loss scaling) or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   app.add_option("--seed", seed, "seed for data and initialisation")->capture_default_str();
   app.add_option("--log-every", log_every, "steps between progress lines")
       ->capture_default_str()
@@ -108,29 +122,46 @@ int main(int argc, char** argv) {
     const mt::Tensor y = data.labels.to(device);
 
     Layer l1(2, hidden, device, gen), l2(hidden, hidden, device, gen), l3(hidden, 3, device, gen);
-    mt::SGD optimizer({l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias},
-                      mt::SGDOptions(lr).momentum(momentum));
+    const std::vector<mt::Tensor> params = {l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias};
+    std::unique_ptr<mt::Optimizer> optimizer;
+    if (optimizer_name == "adamw") {
+      optimizer = std::make_unique<mt::AdamW>(params, mt::AdamWOptions(lr).weight_decay(1e-4));
+    } else {
+      optimizer = std::make_unique<mt::SGD>(params, mt::SGDOptions(lr).momentum(momentum));
+    }
+    mt::WarmupCosineLR schedule(*optimizer, /*warmup_steps=*/std::min(100, steps / 10), /*total_steps=*/steps);
+    // Loss scaling matters for f16 (5 exponent bits); bf16 has f32's range and needs none.
+    mt::GradScaler scaler(device, mt::GradScalerOptions().enabled(amp == "fp16"));
+    const bool autocast = amp != "off";
+    const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
     auto forward = [&](const mt::Tensor& input) {
       mt::Tensor h = mt::relu(mt::linear(input, l1.weight, l1.bias));
       h = mt::relu(mt::linear(h, l2.weight, l2.bias));
       return mt::linear(h, l3.weight, l3.bias);  // [N, 3] logits
     };
 
-    std::printf("mlp: %lld points, 3 classes, 2-%d-%d-3 MLP on %s, SGD lr %.3g momentum %.3g\n",
-                static_cast<long long>(x.size(0)), hidden, hidden, device.str().c_str(), lr, momentum);
+    std::printf("mlp: %lld points, 3 classes, 2-%d-%d-3 MLP on %s, %s lr %.3g (warmup + cosine), amp %s\n",
+                static_cast<long long>(x.size(0)), hidden, hidden, device.str().c_str(), optimizer_name.c_str(), lr,
+                amp.c_str());
     const auto start = std::chrono::steady_clock::now();
     double acc = 0.0;
     for (int step = 1; step <= steps; ++step) {
-      const mt::Tensor logits = forward(x);
-      const mt::Tensor loss = mt::cross_entropy(logits, y);
-      optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
+      mt::Tensor logits, loss;
+      {
+        mt::AutocastGuard amp_region(device.type, low, autocast);
+        logits = forward(x);
+        loss = mt::cross_entropy(logits, y);  // f32 under autocast
+      }
+      optimizer->zero_grad();
+      scaler.scale(loss).backward();
+      scaler.step(*optimizer);
+      scaler.update();
+      schedule.step();
       if (step % log_every == 0 || step == steps) {
         acc = accuracy(logits, labels);  // reading values waits for the device: only when logging
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  %.2f ms/step\n", step, loss.item(), 100.0 * acc,
-                    1000.0 * seconds / step);
+        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  lr %.2e  loss scale %g  %.3f ms/step\n", step, loss.item(),
+                    100.0 * acc, schedule.last_lr(), scaler.get_scale(), 1000.0 * seconds / step);
       }
     }
     {

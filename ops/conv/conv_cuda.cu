@@ -24,6 +24,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
+#include "ops/backends.h"
 #include "ops/conv/conv_kernels.h"
 
 namespace mt::ops {
@@ -105,6 +106,13 @@ CudnnTypes cudnn_types(DType dtype, const char* op) {
   return dispatch_floating(dtype, op, [](auto tag) { return CudnnTraits<typename decltype(tag)::type>::types; });
 }
 
+// f32 convolutions may use TF32 tensor cores when the switch allows it (on by
+// default, as in PyTorch; ops/backends.h); otherwise they keep FMA math.
+CudnnTypes with_tf32_switch(CudnnTypes types) {
+  if (types.data == CUDNN_DATA_FLOAT && backends::allow_tf32_conv()) types.math = CUDNN_DEFAULT_MATH;
+  return types;
+}
+
 class ConvolutionDescriptor : public Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
                                                 cudnnDestroyConvolutionDescriptor> {
  public:
@@ -138,7 +146,7 @@ struct ConvDescriptors {
   FilterDescriptor w;
   ConvolutionDescriptor conv;
   ConvDescriptors(DType dtype, const Conv2dGeometry& g)
-      : types(cudnn_types(dtype, "conv2d")),
+      : types(with_tf32_switch(cudnn_types(dtype, "conv2d"))),
         x(types.data, g.batch, g.in_channels, g.in_h, g.in_w),
         y(types.data, g.batch, g.out_channels, g.out_h, g.out_w),
         w(types.data, g),
@@ -223,9 +231,9 @@ std::string describe_problem(DType dtype, const Conv2dGeometry& g) {
 // ---- algorithm choice ----
 
 // cuDNN's heuristics (the *_v7 queries) rank the algorithms for the problem; we
-// take the first one that is usable (status SUCCESS). For f32 that must be an
-// FMA-math algorithm: the descriptor asks for FMA, and a TF32 (tensor-op) entry
-// would lose precision. `query(requested, &returned, perf)` runs the heuristic.
+// take the first one that is usable (status SUCCESS). With TF32 off, f32 must
+// use an FMA-math algorithm: a tensor-op entry would round to TF32. `query(requested, &returned, perf)` runs the
+// heuristic.
 template <typename Perf, typename Query>
 Perf choose_algorithm(const char* pass, const ConvDescriptors& d, DType dtype, const Conv2dGeometry& g, Query query) {
   std::array<Perf, 16> perf{};  // more than any cuDNN 9 algorithm count (8, 6 and 7)
@@ -233,7 +241,7 @@ Perf choose_algorithm(const char* pass, const ConvDescriptors& d, DType dtype, c
   MT_CUDNN_CHECK(query(static_cast<int>(perf.size()), &returned, perf.data()));
   for (int i = 0; i < returned; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (d.types.data == CUDNN_DATA_FLOAT && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (d.types.math == CUDNN_FMA_MATH && perf[i].mathType != CUDNN_FMA_MATH) continue;
     return perf[i];
   }
   throw NotImplementedError(detail::str_cat("conv2d: cuDNN offers no ", pass, " algorithm for ",

@@ -31,6 +31,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
+#include "ops/backends.h"
 #include "ops/common.h"
 #include "ops/matmul/matmul_kernels.h"
 
@@ -157,7 +158,7 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
 // strides, alignments).
-using AlgoKey = std::array<int64_t, 17>;
+using AlgoKey = std::array<int64_t, 18>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
@@ -184,7 +185,11 @@ void gemm_typed(const GemmProblem& p) {
   using Scale = std::conditional_t<f64, double, float>;
   constexpr cudaDataType_t type = cuda_type<T>();
   constexpr cudaDataType_t scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
-  constexpr cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  // TF32 only for f32 inputs, and only when the user asked (ops/backends.h).
+  const cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F
+                                      : (std::is_same_v<T, float> && backends::allow_tf32_matmul())
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
 
   const int device = p.c.tensor.device().index;
   MT_CHECK(p.batch <= INT32_MAX, "matmul: a batch of ", p.batch, " matrices exceeds cuBLASLt's limit of ", INT32_MAX,
@@ -223,7 +228,8 @@ void gemm_typed(const GemmProblem& p) {
                        lt_c.batch_stride,
                        lt_a.alignment,
                        lt_b.alignment,
-                       lt_c.alignment};
+                       lt_c.alignment,
+                       static_cast<int64_t>(compute)};
   AlgoChoice choice{};
   bool cached = false;
   {

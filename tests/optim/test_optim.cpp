@@ -159,6 +159,43 @@ TEST(GradScaler, MinimumScaleRaisesAClearError) {
   }
 }
 
+// Least squares with the weights stored in `dtype`; returns the final loss.
+double train_regression(DType dtype, bool master_weights, Device device) {
+  Generator gen(11);
+  const Tensor x = raw::to(randn({64, 8}, DType::f32, &gen), device);
+  const Tensor w_true = randn({8, 1}, DType::f32, &gen);
+  const Tensor y = matmul(x, raw::to(w_true, device));
+  Tensor w = raw::to(raw::to(w_true, device) + 0.5, dtype).requires_grad_();  // start 0.5 away
+  AdamW opt({w}, AdamWOptions(1e-3).weight_decay(0).master_weights(master_weights));
+  double loss_value = 0;
+  for (int step = 0; step < 300; ++step) {
+    opt.zero_grad();
+    const Tensor loss = mean(pow(matmul(x, w.to(DType::f32)) - y, 2.0));  // math in f32, storage in dtype
+    loss.backward();
+    opt.step();
+    loss_value = loss.item();
+  }
+  return loss_value;
+}
+
+TEST(AdamW, MasterWeightsTrackTheF32Run) {
+  // Adam moves each weight by about lr = 1e-3 per step; bf16 spacing near 1 is
+  // 2^-7 = 7.8e-3, so without master weights most updates round away.
+  const double f32 = train_regression(DType::f32, /*master_weights=*/false, kCPU);
+  const double master = train_regression(DType::bf16, /*master_weights=*/true, kCPU);
+  const double plain = train_regression(DType::bf16, /*master_weights=*/false, kCPU);
+  std::printf("[ master weights ] final loss: f32 %.4f, bf16 + f32 master %.4f, bf16 alone %.4f\n", f32, master, plain);
+  EXPECT_LE(std::fabs(master - f32), 0.05 * f32 + 1e-3);
+  EXPECT_GT(plain, 1.5 * f32);
+}
+
+TEST(AdamW, MasterWeightsTrackTheF32RunOnCuda) {
+  MT_SKIP_WITHOUT_CUDA();
+  const double f32 = train_regression(DType::f32, false, cuda_device(0));
+  const double master = train_regression(DType::bf16, true, cuda_device(0));
+  EXPECT_LE(std::fabs(master - f32), 0.05 * f32 + 1e-3);
+}
+
 TEST(AdamW, CudaMatchesCpuOver100Steps) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(7);
