@@ -4,8 +4,8 @@
 //   mt::Tensor norm = mt::clip_grad_norm_(params, /*max_norm=*/1.0);
 //   scaler.step(opt);
 //
-// total = sqrt(sum over every gradient g of sum(g^2)), with squares accumulated
-// in f32 (f64 for f64 gradients) per chunk and the chunk sums in f64. Every
+// total = sqrt(sum over every gradient g of sum(g^2)), each square computed in
+// f32 (f64 for f64 gradients) and summed in f64. Every
 // gradient is then multiplied in place by
 //   coef = min(1, max_norm / (total + eps))
 // computed on the gradients' device from the total (as returned): nothing is read

@@ -20,12 +20,12 @@ Tensor clip_grad_norm_cpu(const std::vector<Tensor>& grads, double max_norm, dou
       const int64_t n = grad.numel();
       for (int64_t begin = 0; begin < n; begin += chunk) {
         const int64_t end = std::min(begin + chunk, n);
-        A acc = 0;
+        double acc = 0;  // squares in acc_t, sums in f64 (as the CUDA kernel)
         for (int64_t i = begin; i < end; ++i) {
           const A v = convert<A>(g[i]);
-          acc += v * v;
+          acc += static_cast<double>(v * v);
         }
-        sum_sq += static_cast<double>(acc);
+        sum_sq += acc;
       }
     });
   }

@@ -45,15 +45,17 @@ struct SumSquaresOp {
   double* partials;  // [blocks of this dtype's apply]
   __device__ void operator()(const MultiTensorBlock<1>& block) const {
     using A = acc_t<T>;
-    __shared__ A scratch[kMultiTensorThreads / kWarpSize];
+    // Squares in acc_t, sums in f64: the CPU and CUDA totals then agree to ~1e-15
+    // whatever their summation order (an f32 sum of 65536 squares does not).
+    __shared__ double scratch[kMultiTensorThreads / kWarpSize];
     const T* g = static_cast<const T*>(block.ptr[0]);
-    A acc = 0;
+    double acc = 0;
     for (int64_t i = block.begin + threadIdx.x; i < block.end; i += blockDim.x) {
       const A v = convert<A>(g[i]);
-      acc += v * v;
+      acc += static_cast<double>(v * v);
     }
     acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) partials[block.index] = static_cast<double>(acc);
+    if (threadIdx.x == 0) partials[block.index] = acc;
   }
 };
 

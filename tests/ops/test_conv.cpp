@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/view.h"
+#include "ops/backends.h"
 #include "ops/conv/conv.h"
 #include "ops/ops.h"
 #include "tests/ops/op_contract.h"
@@ -437,6 +438,7 @@ TEST(Conv2dCuda, MaxPoolTieSendsTheGradientToOneElement) {
 
 TEST(Conv2dCuda, LargerProblemsMatchTheCpu) {
   MT_SKIP_WITHOUT_CUDA();
+  backends::TF32Guard exact_f32(/*matmul=*/false, /*conv=*/false);  // f32 held to f32 accuracy
   Generator gen(23);
   const Tensor x = randn({4, 16, 24, 24}, DType::f64, &gen), b = randn({32}, DType::f64, &gen);
   const Tensor w3 = mul(randn({32, 16, 3, 3}, DType::f64, &gen), 0.1);
