@@ -1,5 +1,7 @@
 #include "optim/adamw.h"
 
+#include <map>
+
 #include "autograd/grad_mode.h"
 #include "core/view.h"
 #include "optim/optim_kernels.h"
@@ -45,6 +47,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
     args.eps = options_.eps();
     args.weight_decay = group.weight_decay;
     args.decoupled = options_.decoupled();
+    std::map<int, std::vector<optim_kernels::AdamWTensors>> cuda_lists;  // device -> one fused update
     for (size_t pi = 0; pi < group.params.size(); ++pi) {
       const Tensor& p = group.params[pi];
       Tensor g = p.grad();
@@ -55,13 +58,17 @@ void AdamW::step_unless(const Tensor& found_inf) {
       const State& s = state_[gi][pi];
       const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master};
       if (p.is_cuda()) {
-        optim_kernels::advance_step_cuda(s.step, found_inf);
-        optim_kernels::adamw_cuda(tensors, args, found_inf);
+        cuda_lists[p.device().index].push_back(tensors);
       } else {
         optim_kernels::advance_step_cpu(s.step, found_inf);
         optim_kernels::adamw_cpu(tensors, args, found_inf);
       }
       p.bump_version();
+    }
+    for (const auto& [device, list] : cuda_lists) {
+      MT_CHECK_T(DeviceError, !found_inf.defined() || found_inf.device() == list.front().param.device(),
+                 "AdamW: the found-inf flag is on ", found_inf.device().str(), " but parameters are on cuda:", device);
+      optim_kernels::adamw_cuda(list, args, found_inf);
     }
   }
 }

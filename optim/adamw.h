@@ -1,8 +1,9 @@
 // Adam and AdamW (torch.optim.Adam / AdamW): bias-corrected first and second
 // moments kept in f32 (f64 for f64 parameters), optionally f32 master weights. AdamW decays the weights
 // directly (p -= lr * wd * p, decoupled); Adam adds wd * p to the gradient.
-// On CUDA each parameter is updated by one fused kernel, which also reads the
-// GradScaler's found-inf flag on the device and skips the update when it is set.
+// On CUDA a whole parameter group is updated by fused multi-tensor launches,
+// which also read the GradScaler's found-inf flag on the device and skip the
+// update when it is set.
 #pragma once
 
 #include <vector>

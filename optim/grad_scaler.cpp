@@ -40,6 +40,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   MT_CHECK(!s.stepped, "GradScaler::unscale_: called after step(); call update() first");
   NoGradGuard no_grad;
   s.found_inf.zero_();
+  std::vector<Tensor> grads;
   for (const ParamGroup& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params) {
       const Tensor g = p.grad();
@@ -47,14 +48,15 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       MT_CHECK_T(DeviceError, g.device() == device_, "GradScaler::unscale_: a gradient is on ", g.device().str(),
                  " but the scaler on ", device_.str());
       MT_CHECK(g.is_contiguous(), "GradScaler::unscale_: gradients must be contiguous");
-      if (device_.is_cuda()) {
-        optim_kernels::unscale_cuda(g, scale_, s.found_inf);
-      } else {
-        optim_kernels::unscale_cpu(g, scale_, s.found_inf);
-      }
-      g.bump_version();
+      grads.push_back(g);
     }
   }
+  if (device_.is_cuda()) {
+    optim_kernels::unscale_cuda(grads, scale_, s.found_inf);  // one multi-tensor launch per dtype
+  } else {
+    for (const Tensor& g : grads) optim_kernels::unscale_cpu(g, scale_, s.found_inf);
+  }
+  for (const Tensor& g : grads) g.bump_version();
   s.unscaled = true;
 }
 

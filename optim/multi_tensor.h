@@ -57,6 +57,10 @@ template <>
 struct MultiTensorCapacity<5> {
   static constexpr int tensors = 30, blocks = 320;
 };
+template <>
+struct MultiTensorCapacity<6> {
+  static constexpr int tensors = 24, blocks = 320;
+};
 
 template <int Depth>
 struct TensorListMetadata {
@@ -72,7 +76,7 @@ struct TensorListMetadata {
 static_assert(TensorListMetadata<1>::kMaxTensors <= 256, "block_to_tensor holds a tensor slot in one byte");
 static_assert(sizeof(TensorListMetadata<1>) <= 3584 && sizeof(TensorListMetadata<2>) <= 3584 &&
                   sizeof(TensorListMetadata<3>) <= 3584 && sizeof(TensorListMetadata<4>) <= 3584 &&
-                  sizeof(TensorListMetadata<5>) <= 3584,
+                  sizeof(TensorListMetadata<5>) <= 3584 && sizeof(TensorListMetadata<6>) <= 3584,
               "the metadata must leave at least 512 bytes of the 4 KiB kernel parameters to the op");
 
 // What one block works on: elements [begin, end) of one tensor, in each list.
@@ -103,7 +107,8 @@ inline int64_t multi_tensor_block_count(const std::vector<int64_t>& numels, int6
 }
 
 // Fills the tables for `tensors` (slot i = the Depth tensors of one parameter;
-// equal sizes; empty ones skipped) and calls launch(meta, blocks) for each launch.
+// equal sizes, or one element for a per-slot scalar; empty ones skipped) and calls launch(meta, blocks) for each
+// launch.
 template <int Depth, typename Launch>
 void plan_multi_tensor_launches(const std::vector<std::array<Tensor, Depth>>& tensors, const MultiTensorConfig& config,
                                 Launch&& launch) {
@@ -126,9 +131,11 @@ void plan_multi_tensor_launches(const std::vector<std::array<Tensor, Depth>>& te
 
   for (const std::array<Tensor, Depth>& slot : tensors) {
     const int64_t n = slot[0].numel();
+    // A list of one-element tensors carries a per-slot scalar (an optimizer's step
+    // count): the op reads it through block.ptr[d] and never indexes it.
     for (int d = 1; d < Depth; ++d) {
-      MT_INTERNAL_ASSERT(slot[d].numel() == n, "multi-tensor apply: list ", d, " holds ", slot[d].numel(),
-                         " elements where list 0 holds ", n);
+      MT_INTERNAL_ASSERT(slot[d].numel() == n || slot[d].numel() == 1, "multi-tensor apply: list ", d, " holds ",
+                         slot[d].numel(), " elements where list 0 holds ", n);
     }
     if (n == 0) continue;
     const int64_t chunks = (n + chunk - 1) / chunk;

@@ -1,9 +1,12 @@
-// CUDA loops of the optimizers and the loss scaler. The loss scale and the
-// found-inf flag stay in device memory: no host sync per step (DESIGN 4).
+// CUDA kernels of the optimizers and the loss scaler: multi-tensor launches
+// (optim/multi_tensor.cuh) over whole lists of parameters. The loss scale, the
+// found-inf flag and the step counts stay in device memory: no host sync per
+// step (DESIGN 4).
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
+#include "optim/multi_tensor.cuh"
 #include "optim/optim_kernels.h"
 #include "optim/optim_math.h"
 
@@ -11,39 +14,60 @@ namespace mt::optim_kernels {
 
 namespace {
 
-// ---- kernels ----
+// ---- multi-tensor ops (optim/multi_tensor.cuh runs them over whole lists) ----
 
+// grad *= 1 / scale in place; raises found_inf if any result is inf or NaN.
 template <typename T>
-__global__ void unscale_kernel(T* grad, int64_t n, const float* scale, float* found_inf) {
-  using A = acc_t<T>;
-  const A inv_scale = static_cast<A>(1.0f / *scale);
-  bool bad = false;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const A v = convert<A>(grad[i]) * inv_scale;
-    bad |= !isfinite(v);
-    grad[i] = convert<T>(v);
+struct UnscaleOp {
+  const float* scale;
+  float* found_inf;
+  __device__ void operator()(const MultiTensorBlock<1>& block) const {
+    using A = acc_t<T>;
+    const A inv_scale = static_cast<A>(1.0f / *scale);
+    T* g = static_cast<T*>(block.ptr[0]);
+    bool bad = false;
+    for (int64_t i = block.begin + threadIdx.x; i < block.end; i += blockDim.x) {
+      const A v = convert<A>(g[i]) * inv_scale;
+      bad |= !isfinite(v);
+      g[i] = convert<T>(v);
+    }
+    if (bad) *found_inf = 1.0f;  // a benign race: every writer stores the same value
   }
-  if (bad) *found_inf = 1.0f;  // a benign race: every writer stores the same value
-}
+};
 
-__global__ void advance_step_kernel(int64_t* step, const float* found_inf) {
-  if (found_inf == nullptr || *found_inf == 0.0f) *step += 1;
-}
-
-template <typename T, typename A>
-__global__ void adamw_kernel(T* param, const T* grad, A* m, A* v, A* master, int64_t n, AdamWArgs args,
-                             const int64_t* step, const float* found_inf) {
-  if (found_inf != nullptr && *found_inf != 0.0f) return;
-  const AdamWCoefficients c = AdamWCoefficients::from(args, *step);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    A p = master != nullptr ? master[i] : convert<A>(param[i]);
-    adamw_update<A>(p, convert<A>(grad[i]), m[i], v[i], c);
-    if (master != nullptr) master[i] = p;
-    param[i] = convert<T>(p);
+// step += 1 for each slot (list 0 holds the one-element step counts), unless found_inf.
+struct AdvanceStepOp {
+  const float* found_inf;
+  __device__ void operator()(const MultiTensorBlock<1>& block) const {
+    if (threadIdx.x != 0 || (found_inf != nullptr && *found_inf != 0.0f)) return;
+    *static_cast<int64_t*>(block.ptr[0]) += 1;
   }
-}
+};
+
+// Lists: param (T), grad (T), exp_avg (A), exp_avg_sq (A), step (i64, one element),
+// and with kMaster the f32 master copy (A).
+template <typename T, bool kMaster>
+struct AdamWOp {
+  static constexpr int kDepth = kMaster ? 6 : 5;
+  AdamWArgs args;
+  const float* found_inf;
+  __device__ void operator()(const MultiTensorBlock<kDepth>& block) const {
+    using A = acc_t<T>;
+    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    const AdamWCoefficients c = AdamWCoefficients::from(args, *static_cast<const int64_t*>(block.ptr[4]));
+    T* param = static_cast<T*>(block.ptr[0]);
+    const T* grad = static_cast<const T*>(block.ptr[1]);
+    A* m = static_cast<A*>(block.ptr[2]);
+    A* v = static_cast<A*>(block.ptr[3]);
+    A* master = kMaster ? static_cast<A*>(block.ptr[kDepth - 1]) : nullptr;
+    for (int64_t i = block.begin + threadIdx.x; i < block.end; i += blockDim.x) {
+      A p = kMaster ? master[i] : convert<A>(param[i]);
+      adamw_update<A>(p, convert<A>(grad[i]), m[i], v[i], c);
+      if (kMaster) master[i] = p;
+      param[i] = convert<T>(p);
+    }
+  }
+};
 
 __global__ void scaler_update_kernel(float* scale, int32_t* tracker, int32_t* skips, const float* found_inf,
                                      ScalerUpdateArgs args) {
@@ -64,39 +88,53 @@ __global__ void scaler_update_kernel(float* scale, int32_t* tracker, int32_t* sk
 
 // ---- entry points ----
 
-void unscale_cuda(const Tensor& grad, const Tensor& scale, const Tensor& found_inf) {
-  const int64_t n = grad.numel();
-  if (n == 0) return;
-  const cuda::Stream stream = cuda::current_stream(grad.device().index);
-  dispatch_floating(grad.dtype(), "unscale_", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    unscale_kernel<T><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
-        static_cast<T*>(grad.data_ptr()), n, scale.data<float>(), found_inf.data<float>());
-    MT_CUDA_CHECK_LAUNCH();
-  });
+void unscale_cuda(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) {
+  if (grads.empty()) return;
+  const cuda::Stream stream = cuda::current_stream(scale.device().index);
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    std::vector<std::array<Tensor, 1>> list;
+    for (const Tensor& g : grads) {
+      if (g.dtype() == dtype) list.push_back({g});
+    }
+    if (list.empty()) continue;
+    dispatch_floating(dtype, "unscale_", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      multi_tensor_apply<1>(list, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()}, stream.handle());
+    });
+  }
 }
 
-void advance_step_cuda(const Tensor& step, const Tensor& found_inf) {
-  const cuda::Stream stream = cuda::current_stream(step.device().index);
-  advance_step_kernel<<<1, 1, 0, stream.handle()>>>(step.data<int64_t>(),
-                                                    found_inf.defined() ? found_inf.data<float>() : nullptr);
-  MT_CUDA_CHECK_LAUNCH();
-}
-
-void adamw_cuda(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf) {
-  const int64_t n = t.param.numel();
-  if (n == 0) return;
-  const cuda::Stream stream = cuda::current_stream(t.param.device().index);
-  dispatch_floating(t.param.dtype(), "adamw", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using A = acc_t<T>;
-    adamw_kernel<T, A><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
-        static_cast<T*>(t.param.data_ptr()), static_cast<const T*>(t.grad.data_ptr()),
-        static_cast<A*>(t.exp_avg.data_ptr()), static_cast<A*>(t.exp_avg_sq.data_ptr()),
-        t.master.defined() ? static_cast<A*>(t.master.data_ptr()) : nullptr, n, args, t.step.data<int64_t>(),
-        found_inf.defined() ? found_inf.data<float>() : nullptr);
-    MT_CUDA_CHECK_LAUNCH();
-  });
+void adamw_cuda(const std::vector<AdamWTensors>& list, const AdamWArgs& args, const Tensor& found_inf) {
+  if (list.empty()) return;
+  const cuda::Stream stream = cuda::current_stream(list.front().param.device().index);
+  const float* flag = found_inf.defined() ? found_inf.data<float>() : nullptr;
+  std::vector<std::array<Tensor, 1>> steps;
+  for (const AdamWTensors& t : list) steps.push_back({t.step});
+  multi_tensor_apply<1>(steps, AdvanceStepOp{flag}, stream.handle(), MultiTensorConfig{/*chunk_size=*/1});
+  // One apply per (parameter dtype, master or not): each op instantiation sees one type per list.
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    for (const bool with_master : {false, true}) {
+      std::vector<std::array<Tensor, 5>> plain;
+      std::vector<std::array<Tensor, 6>> mastered;
+      for (const AdamWTensors& t : list) {
+        if (t.param.dtype() != dtype || t.master.defined() != with_master) continue;
+        if (with_master) {
+          mastered.push_back({t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.step, t.master});
+        } else {
+          plain.push_back({t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.step});
+        }
+      }
+      if (plain.empty() && mastered.empty()) continue;
+      dispatch_floating(dtype, "adamw", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (with_master) {
+          multi_tensor_apply<6>(mastered, AdamWOp<T, true>{args, flag}, stream.handle());
+        } else {
+          multi_tensor_apply<5>(plain, AdamWOp<T, false>{args, flag}, stream.handle());
+        }
+      });
+    }
+  }
 }
 
 void scaler_update_cuda(const Tensor& scale, const Tensor& growth_tracker, const Tensor& consecutive_skips,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -16,12 +17,12 @@ struct AdamWArgs {
 
 // grad *= 1 / scale; found_inf (f32 [1]) becomes 1 if any result is inf or NaN.
 void unscale_cpu(const Tensor& grad, const Tensor& scale, const Tensor& found_inf);
-void unscale_cuda(const Tensor& grad, const Tensor& scale, const Tensor& found_inf);
+// On CUDA one multi-tensor launch (per dtype) covers every gradient.
+void unscale_cuda(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf);
 
 // step (i64 [1]) += 1 unless found_inf (f32 [1], may be undefined) is non-zero:
 // the optimizer's step count lives beside its moments, on their device.
 void advance_step_cpu(const Tensor& step, const Tensor& found_inf);
-void advance_step_cuda(const Tensor& step, const Tensor& found_inf);
 
 // One AdamW step on one parameter (f32/f16/bf16/f64) with f32 (f64 for f64) moments,
 // bias-corrected with the count in `step`. With a master copy (f32, may be
@@ -31,7 +32,9 @@ struct AdamWTensors {
   Tensor param, grad, exp_avg, exp_avg_sq, step, master;
 };
 void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf);
-void adamw_cuda(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf);
+// On CUDA the whole list is updated by multi-tensor launches (one per dtype
+// combination), each step count advanced on the device first.
+void adamw_cuda(const std::vector<AdamWTensors>& list, const AdamWArgs& args, const Tensor& found_inf);
 
 // The scaler's update rule on its device state (scale f32 [1], growth_tracker i32 [1],
 // consecutive_skips i32 [1]): on inf, scale *= backoff and the tracker resets;
