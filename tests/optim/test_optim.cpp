@@ -114,6 +114,20 @@ TEST(GradScaler, SkipBackoffGrowthAndStateOnCuda) {
   scaler_contract(cuda_device(0));
 }
 
+TEST(GradScaler, DefaultIntervalDoublesAfter2000CleanSteps) {
+  ScalerFixture f(kCPU);
+  SGD opt({f.w}, SGDOptions(0.0));
+  GradScaler scaler(kCPU);  // the defaults: 65536, growth 2, interval 2000
+  for (int step = 1; step <= 2000; ++step) {
+    opt.zero_grad();
+    scaler.scale(f.loss(false)).backward();
+    scaler.step(opt);
+    scaler.update();
+    if (step == 1999) EXPECT_EQ(scaler.get_scale(), 65536.0);
+  }
+  EXPECT_EQ(scaler.get_scale(), 131072.0);
+}
+
 TEST(GradScaler, UnscaleGivesTheTrueGradient) {
   Tensor w = full({2}, 3.0).requires_grad_();
   SGD opt({w}, SGDOptions(0.0));
