@@ -13,6 +13,8 @@
 #include "ops/embedding/embedding.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
+#include "ops/nn/layers.h"
+#include "ops/nn/module.h"
 #include "ops/norm/norm.h"
 #include "ops/reduction/reduction.h"
 #include "ops/shape/join.h"

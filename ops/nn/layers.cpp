@@ -1,0 +1,43 @@
+#include "ops/nn/layers.h"
+
+#include <cmath>
+
+#include "ops/dropout/dropout.h"
+#include "ops/embedding/embedding.h"
+#include "ops/matmul/matmul.h"
+#include "ops/norm/norm.h"
+
+namespace mt::nn {
+
+Linear::Linear(const LinearOptions& options, Generator* generator) {
+  MT_CHECK(options.in_features() > 0 && options.out_features() > 0, "Linear: features must be positive, got in ",
+           options.in_features(), ", out ", options.out_features());
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.in_features()));
+  weight = register_parameter("weight",
+                              uniform({options.out_features(), options.in_features()}, -bound, bound, {}, generator));
+  if (options.bias())
+    bias = register_parameter("bias", uniform({options.out_features()}, -bound, bound, {}, generator));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {
+  MT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings, " x ", dim);
+  weight = register_parameter("weight", randn({num_embeddings, dim}, {}, generator));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
+  MT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
+  weight = register_parameter("weight", ones({dim}));
+  bias = register_parameter("bias", zeros({dim}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+
+Dropout::Dropout(double p_) : p(p_) { MT_CHECK(p >= 0 && p <= 1, "Dropout: p must lie in [0, 1], got ", p); }
+
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+
+}  // namespace mt::nn

@@ -1,0 +1,62 @@
+// The basic layers, initialised as torch.nn initialises them.
+#pragma once
+
+#include <cstdint>
+
+#include "core/random.h"
+#include "ops/nn/module.h"
+
+namespace mt::nn {
+
+class LinearOptions {
+ public:
+  LinearOptions(int64_t in_features, int64_t out_features) : in_(in_features), out_(out_features) {}
+  LinearOptions& bias(bool b) {
+    bias_ = b;
+    return *this;
+  }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  bool bias() const { return bias_; }
+
+ private:
+  int64_t in_, out_;
+  bool bias_ = true;
+};
+
+// y = x W^T + b; W [out, in] and b [out] drawn from U(-1/sqrt(in), 1/sqrt(in))
+// (kaiming_uniform with a = sqrt(5), PyTorch's default).
+class Linear : public Module {
+ public:
+  explicit Linear(const LinearOptions& options, Generator* generator = nullptr);
+  Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
+  Tensor weight;                          // [out, in]
+  Tensor bias;                            // [out], undefined without bias
+};
+
+// Rows of a [num_embeddings, dim] table drawn from N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator* generator = nullptr);
+  Tensor forward(const Tensor& ids) const;  // [...] ids -> [..., dim]
+  Tensor weight;                            // [num_embeddings, dim]
+};
+
+// Normalises over the last dimension; weight ones, bias zeros.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;  // [dim]
+  double eps;
+};
+
+// Zeroes elements with probability p while training; the identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p);
+  Tensor forward(const Tensor& x) const;
+  double p;
+};
+
+}  // namespace mt::nn

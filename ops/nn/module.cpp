@@ -1,0 +1,170 @@
+#include "ops/nn/module.h"
+
+#include <set>
+
+#include "autograd/grad_mode.h"
+#include "core/safetensors.h"
+#include "core/view.h"
+
+namespace mt::nn {
+
+namespace {
+
+// Replaces t's data with src's (storage, shape, strides, dtype), keeping t's
+// identity and autograd state: members holding the handle see the new data.
+void set_data(const Tensor& t, const Tensor& src) {
+  TensorImpl* impl = t.impl();
+  impl->storage = src.storage();
+  impl->shape = src.shape();
+  impl->strides = src.strides();
+  impl->offset = src.offset();
+  impl->dtype = src.dtype();
+  t.bump_version();
+}
+
+}  // namespace
+
+void Module::check_new_name(const std::string& name) const {
+  MT_CHECK(!name.empty() && name.find('.') == std::string::npos, "Module: invalid name '", name,
+           "' (names must be non-empty and contain no '.')");
+  auto taken = [&](const auto& list) {
+    for (const auto& entry : list) {
+      if (entry.first == name) return true;
+    }
+    return false;
+  };
+  MT_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), "Module: the name '", name,
+           "' is already registered");
+}
+
+const Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
+  check_new_name(name);
+  MT_CHECK(tensor.defined(), "Module::register_parameter: '", name, "' is an undefined tensor");
+  tensor = tensor.detach();  // a parameter is a leaf
+  if (requires_grad) tensor.requires_grad_(true);
+  parameters_.emplace_back(name, tensor);
+  return parameters_.back().second;
+}
+
+const Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
+  check_new_name(name);
+  MT_CHECK(tensor.defined(), "Module::register_buffer: '", name, "' is an undefined tensor");
+  buffers_.emplace_back(name, tensor.detach());
+  return buffers_.back().second;
+}
+
+template <typename Visit>
+void Module::visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const {
+  for (const auto& [name, t] : parameters ? parameters_ : buffers_) visit(prefix + name, t);
+  for (const auto& [name, child] : children_) child->visit_tensors(prefix + name + ".", parameters, visit);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  visit_tensors("", true, [&](const std::string& n, const Tensor& t) { out.emplace_back(n, t); });
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<Tensor> Module::trainable_parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : named_parameters()) {
+    if (t.requires_grad()) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  visit_tensors("", false, [&](const std::string& n, const Tensor& t) { out.emplace_back(n, t); });
+  return out;
+}
+
+int64_t Module::num_parameters(bool trainable_only) const {
+  int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) {
+    if (!trainable_only || t.requires_grad()) n += t.numel();
+  }
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  auto move = [&](const std::string&, const Tensor& t) {
+    if (t.device() != device) set_data(t, raw::to(t, device));
+  };
+  visit_tensors("", true, move);
+  visit_tensors("", false, move);
+}
+
+void Module::to(DType dtype) {
+  MT_CHECK_T(DTypeError, is_floating(dtype), "Module::to: ", dtype_name(dtype), " is not a floating dtype");
+  NoGradGuard no_grad;
+  auto cast = [&](const std::string&, const Tensor& t) {
+    if (is_floating(t.dtype()) && t.dtype() != dtype) set_data(t, raw::to(t, dtype));
+  };
+  visit_tensors("", true, cast);
+  visit_tensors("", false, cast);
+}
+
+void Module::requires_grad_(bool requires_grad) {
+  for (const auto& [name, t] : named_parameters()) {
+    Tensor handle = t;
+    handle.requires_grad_(requires_grad);
+    if (!requires_grad) handle.set_grad(Tensor());  // a frozen parameter keeps no gradient buffer
+  }
+}
+
+std::map<std::string, Tensor> Module::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : named_parameters()) out[name] = t.detach();
+  for (const auto& [name, t] : named_buffers()) out[name] = t.detach();
+  return out;
+}
+
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  const std::map<std::string, Tensor> mine = state_dict();
+  std::string missing, unexpected;
+  for (const auto& [name, t] : mine) {
+    if (!state.count(name)) missing += " " + name;
+  }
+  for (const auto& [name, t] : state) {
+    if (!mine.count(name)) unexpected += " " + name;
+  }
+  MT_CHECK(!strict || (missing.empty() && unexpected.empty()),
+           "load_state_dict: ", missing.empty() ? "" : "missing keys:" + missing,
+           missing.empty() || unexpected.empty() ? "" : "; ",
+           unexpected.empty() ? "" : "unexpected keys:" + unexpected);
+  NoGradGuard no_grad;
+  for (const auto& [name, target] : mine) {
+    auto it = state.find(name);
+    if (it == state.end()) continue;
+    MT_CHECK_T(ShapeError, it->second.shape() == target.shape(), "load_state_dict: '", name, "' has shape ",
+               shape_str(it->second.shape()), " in the state but ", shape_str(target.shape()), " in the module");
+    target.copy_(it->second);
+  }
+}
+
+void Module::save(const std::string& path) const { save_safetensors(path, state_dict()); }
+
+void Module::load(const std::string& path, bool strict) {
+  try {
+    load_state_dict(load_safetensors(path).tensors, strict);
+  } catch (const FileError&) {
+    throw;
+  } catch (const Error& e) {
+    throw FileError(path + ": " + e.what());
+  }
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,79 @@
+// Modules: named parameters, buffers and children, as torch.nn.Module.
+//
+//   class Block : public mt::nn::Module {
+//    public:
+//     Block() : fc(register_module("fc", std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(64, 64)))) {}
+//     mt::Tensor forward(const mt::Tensor& x) { return fc->forward(x); }
+//     std::shared_ptr<mt::nn::Linear> fc;
+//   };
+//
+// Names are dotted paths ("blocks.0.attn.weight"), in registration order.
+// to(device) / to(dtype) change a parameter's data in place (Tensor handles held
+// by the module's members stay valid, requires_grad is kept). state_dict() is the
+// name -> tensor map that save()/load() write as safetensors.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // ---- traversal (recursive, registration order, dotted names) ----
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<Tensor> trainable_parameters() const;  // those that require grad
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+  int64_t num_parameters(bool trainable_only = false) const;
+
+  // ---- mode, placement, freezing ----
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  void to(Device device);
+  void to(DType dtype);  // floating parameters and buffers only
+  void requires_grad_(bool requires_grad);
+  void freeze() { requires_grad_(false); }
+
+  // ---- state ----
+  std::map<std::string, Tensor> state_dict() const;  // parameters and buffers, detached
+  // Copies values into the existing tensors (their dtype and device stay). With
+  // strict, missing and unexpected names are errors; shapes must always match.
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  void save(const std::string& path) const;  // safetensors, written atomically
+  void load(const std::string& path, bool strict = true);
+
+ protected:
+  const Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
+  const Tensor& register_buffer(const std::string& name, Tensor tensor);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    check_new_name(name);
+    children_.emplace_back(name, module);
+    return module;
+  }
+
+ private:
+  void check_new_name(const std::string& name) const;
+  template <typename Visit>
+  void visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const;
+
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace mt::nn
