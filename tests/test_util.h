@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "core/cuda_context.h"
+#include "core/error.h"
 
 // CUDA cases call this first: on a machine without a GPU (or a CPU-only build)
 // the case is reported as skipped, with the reason, instead of passing silently.
@@ -12,3 +16,13 @@
     if (!::mt::cuda::built_with_cuda()) GTEST_SKIP() << "mixtrain was built without CUDA";     \
     if (!::mt::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible on this machine"; \
   } while (0)
+
+// The message of the mt::Error that f throws, or "(no error)".
+inline std::string error_message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ::mt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}

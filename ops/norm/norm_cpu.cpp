@@ -8,17 +8,6 @@
 
 namespace mt::ops {
 
-namespace {
-template <typename T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
-}
-template <typename T>
-T* mutable_data_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
-}
-}  // namespace
-
 void norm_forward_cpu(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                       const Tensor& weight, const Tensor& bias, double eps) {
   const int64_t rows = x.shape()[0], cols = x.shape()[1];

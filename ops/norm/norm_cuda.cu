@@ -134,15 +134,6 @@ __global__ void sum_groups_kernel(T* out, const acc_t<T>* part, int64_t groups, 
   }
 }
 
-template <typename T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
-}
-template <typename T>
-T* mutable_data_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
-}
-
 template <NormKind kKind>
 void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                     const Tensor& bias, double eps) {

@@ -15,6 +15,16 @@ enum class NormKind { layer, rms };
 
 inline const char* name_of(NormKind kind) { return kind == NormKind::layer ? "layer_norm" : "rms_norm"; }
 
+// The data of an optional tensor (undefined: null), for the kernels' optional operands.
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mutable_data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
 void norm_forward_cpu(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                       const Tensor& weight, const Tensor& bias, double eps);
 void norm_forward_cuda(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,

@@ -124,15 +124,6 @@ double rel_norm_diff(const Tensor& got, const Tensor& ref) {
   return std::sqrt(diff / norm);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 struct ConvConfig {
   Shape x, w;
   bool bias;
@@ -180,31 +171,33 @@ TEST(Conv2d, OutputShapeFollowsTheFormula) {
 
 TEST(Conv2d, ErrorsNameTheOpAndTheShapes) {
   const Tensor x = zeros({2, 3, 5, 5});
-  std::string msg = error_of([&] { conv2d(x, zeros({4, 2, 3, 3})); });
+  std::string msg = error_message_of([&] { conv2d(x, zeros({4, 2, 3, 3})); });
   EXPECT_NE(msg.find("conv2d: channel mismatch"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[2, 3, 5, 5]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[4, 2, 3, 3]"), std::string::npos) << msg;
 
-  msg = error_of([&] { conv2d(x, zeros({4, 3, 6, 3})); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 3, 6, 3})); });
   EXPECT_NE(msg.find("conv2d: kernel 6x3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("bigger than the padded input 5x5"), std::string::npos) << msg;
-  msg = error_of([&] { conv2d(x, zeros({4, 3, 3, 3}), Tensor(), Conv2dOptions().dilation(3)); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 3, 3, 3}), Tensor(), Conv2dOptions().dilation(3)); });
   EXPECT_NE(msg.find("(7x7 with dilation 3x3) is bigger than the padded input 5x5"), std::string::npos) << msg;
   EXPECT_EQ(conv2d(x, zeros({4, 3, 6, 3}), Tensor(), Conv2dOptions().padding(1)).shape(), (Shape{2, 4, 2, 5}));
 
-  msg = error_of([&] { conv2d(x, zeros({4, 1, 3, 3}), Tensor(), Conv2dOptions().groups(2)); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 1, 3, 3}), Tensor(), Conv2dOptions().groups(2)); });
   EXPECT_NE(msg.find("conv2d: groups = 2 does not divide the 3 input channels"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[2, 3, 5, 5]"), std::string::npos) << msg;
-  msg = error_of([&] { conv2d(zeros({2, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), Conv2dOptions().groups(2)); });
+  msg = error_message_of([&] {
+    conv2d(zeros({2, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), Conv2dOptions().groups(2));
+  });
   EXPECT_NE(msg.find("conv2d: groups = 2 does not divide the 3 output channels"), std::string::npos) << msg;
 
-  msg = error_of([&] { conv2d(x, zeros({4, 3, 3, 3}), zeros({3})); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 3, 3, 3}), zeros({3})); });
   EXPECT_NE(msg.find("conv2d: expected a bias of shape [4]"), std::string::npos) << msg;
-  msg = error_of([&] { conv2d(x, zeros({4, 3, 3, 3}, DType::f64)); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 3, 3, 3}, DType::f64)); });
   EXPECT_NE(msg.find("conv2d: x and weight have different dtypes"), std::string::npos) << msg;
-  msg = error_of([&] { conv2d(zeros({3, 5, 5}), zeros({4, 3, 3, 3})); });
+  msg = error_message_of([&] { conv2d(zeros({3, 5, 5}), zeros({4, 3, 3, 3})); });
   EXPECT_NE(msg.find("conv2d: expected x of shape [N, C, H, W], got f32[3, 5, 5]"), std::string::npos) << msg;
-  msg = error_of([&] { conv2d(x, zeros({4, 3, 3, 3}), Tensor(), Conv2dOptions().stride(0)); });
+  msg = error_message_of([&] { conv2d(x, zeros({4, 3, 3, 3}), Tensor(), Conv2dOptions().stride(0)); });
   EXPECT_NE(msg.find("conv2d: the stride must be positive"), std::string::npos) << msg;
   EXPECT_THROW(conv2d(x, zeros({4, 3, 6, 3})), ShapeError);
 }
@@ -351,15 +344,15 @@ TEST(Pool2d, LowPrecisionOnTheCpuMatchesF64) {
 
 TEST(Pool2d, ErrorsNameTheOpAndTheShapes) {
   const Tensor x = zeros({2, 3, 5, 5});
-  std::string msg = error_of([&] { max_pool2d(x, Pool2dOptions(2).padding(2)); });
+  std::string msg = error_message_of([&] { max_pool2d(x, Pool2dOptions(2).padding(2)); });
   EXPECT_NE(msg.find("max_pool2d: padding 2x2 must be at most half the kernel 2x2"), std::string::npos) << msg;
-  msg = error_of([&] { avg_pool2d(x, Pool2dOptions(6)); });
+  msg = error_message_of([&] { avg_pool2d(x, Pool2dOptions(6)); });
   EXPECT_NE(msg.find("avg_pool2d: kernel 6x6 is bigger than the padded input 5x5"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[2, 3, 5, 5]"), std::string::npos) << msg;
   EXPECT_EQ(avg_pool2d(x, Pool2dOptions(6).padding(3)).shape(), (Shape{2, 3, 1, 1}));
-  msg = error_of([&] { max_pool2d(zeros({3, 5, 5}), Pool2dOptions(2)); });
+  msg = error_message_of([&] { max_pool2d(zeros({3, 5, 5}), Pool2dOptions(2)); });
   EXPECT_NE(msg.find("max_pool2d: expected x of shape [N, C, H, W], got f32[3, 5, 5]"), std::string::npos) << msg;
-  msg = error_of([&] { avg_pool2d(x, Pool2dOptions(2).stride(0)); });
+  msg = error_message_of([&] { avg_pool2d(x, Pool2dOptions(2).stride(0)); });
   EXPECT_NE(msg.find("avg_pool2d: the stride must be positive"), std::string::npos) << msg;
 }
 

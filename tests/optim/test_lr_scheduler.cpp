@@ -44,15 +44,6 @@ void expect_lrs(TwoGroups& t, LRScheduler& sched, double factor) {
   EXPECT_EQ(t.opt.param_groups()[1].lr, sched.last_lr(1));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(WarmupCosineLR, ValuesAtWarmupCosineAndEnd) {
   TwoGroups t;
   const int64_t W = 10, N = 110;
@@ -119,15 +110,21 @@ TEST(WarmupCosineLR, NoWarmupStartsAtTheBaseAndWarmupEqualToTotalEndsOnTheFloor)
 
 TEST(WarmupCosineLR, BadArgumentsGiveClearErrors) {
   TwoGroups t;
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, -1, 10); }).find("warmup_steps must be >= 0, got -1"),
+  EXPECT_NE(error_message_of([&] { WarmupCosineLR(t.opt, -1, 10); }).find("warmup_steps must be >= 0, got -1"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, 0, 0); }).find("total_steps must be > 0, got 0"), std::string::npos);
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, 0, -5); }).find("total_steps must be > 0, got -5"), std::string::npos);
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, 11, 10); }).find("warmup_steps (11) must not exceed total_steps (10)"),
+  EXPECT_NE(error_message_of([&] { WarmupCosineLR(t.opt, 0, 0); }).find("total_steps must be > 0, got 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, 1, 10, 1.5); }).find("min_lr_ratio must be in [0, 1], got 1.5"),
+  EXPECT_NE(error_message_of([&] { WarmupCosineLR(t.opt, 0, -5); }).find("total_steps must be > 0, got -5"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { WarmupCosineLR(t.opt, 1, 10, std::nan("")); }).find("min_lr_ratio"), std::string::npos);
+  EXPECT_NE(error_message_of([&] {
+              WarmupCosineLR(t.opt, 11, 10);
+            }).find("warmup_steps (11) must not exceed total_steps (10)"),
+            std::string::npos);
+  EXPECT_NE(
+      error_message_of([&] { WarmupCosineLR(t.opt, 1, 10, 1.5); }).find("min_lr_ratio must be in [0, 1], got 1.5"),
+      std::string::npos);
+  EXPECT_NE(error_message_of([&] { WarmupCosineLR(t.opt, 1, 10, std::nan("")); }).find("min_lr_ratio"),
+            std::string::npos);
 }
 
 TEST(StepLR, DecaysByGammaEveryStepSize) {
@@ -145,9 +142,9 @@ TEST(StepLR, DecaysByGammaEveryStepSize) {
   advance_to(sched, 31);  // 31 / 3 = 10 decays
   expect_lrs(t, sched, std::pow(0.5, 10));
 
-  EXPECT_NE(error_of([&] { StepLR(t.opt, 0, 0.5); }).find("step_size must be > 0, got 0"), std::string::npos);
-  EXPECT_NE(error_of([&] { StepLR(t.opt, -2, 0.5); }).find("step_size must be > 0, got -2"), std::string::npos);
-  EXPECT_NE(error_of([&] { StepLR(t.opt, 2, 0.0); }).find("gamma must be positive and finite, got 0"),
+  EXPECT_NE(error_message_of([&] { StepLR(t.opt, 0, 0.5); }).find("step_size must be > 0, got 0"), std::string::npos);
+  EXPECT_NE(error_message_of([&] { StepLR(t.opt, -2, 0.5); }).find("step_size must be > 0, got -2"), std::string::npos);
+  EXPECT_NE(error_message_of([&] { StepLR(t.opt, 2, 0.0); }).find("gamma must be positive and finite, got 0"),
             std::string::npos);
 }
 
@@ -167,8 +164,10 @@ TEST(ConstantLR, KeepsTheBaseOrAFactorForTotalIters) {
   advance_to(reduced, 4);
   expect_lrs(u, reduced, 1.0);
 
-  EXPECT_NE(error_of([&] { ConstantLR(u.opt, 2.0, 3); }).find("factor must be in [0, 1], got 2"), std::string::npos);
-  EXPECT_NE(error_of([&] { ConstantLR(u.opt, 0.5, -1); }).find("total_iters must be >= 0, got -1"), std::string::npos);
+  EXPECT_NE(error_message_of([&] { ConstantLR(u.opt, 2.0, 3); }).find("factor must be in [0, 1], got 2"),
+            std::string::npos);
+  EXPECT_NE(error_message_of([&] { ConstantLR(u.opt, 0.5, -1); }).find("total_iters must be >= 0, got -1"),
+            std::string::npos);
 }
 
 TEST(LRScheduler, TheOptimizerStepsWithTheScheduledLr) {
@@ -204,12 +203,12 @@ TEST(LRScheduler, StateRoundTripsAndResumesTheSameSchedule) {
     EXPECT_EQ(resumed.last_lrs(), sched.last_lrs());
   }
 
-  EXPECT_NE(error_of([&] { resumed.load_state_dict({}); }).find("missing 'last_step'"), std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_message_of([&] { resumed.load_state_dict({}); }).find("missing 'last_step'"), std::string::npos);
+  EXPECT_NE(error_message_of([&] {
               resumed.load_state_dict({{"last_step", -1.0}});
             }).find("non-negative integer, got -1"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_message_of([&] {
               resumed.load_state_dict({{"last_step", 2.5}});
             }).find("non-negative integer, got 2.5"),
             std::string::npos);
@@ -219,7 +218,8 @@ TEST(LRScheduler, GroupsAddedUnderTheSchedulerAreAnError) {
   TwoGroups t;
   StepLR sched(t.opt, 2, 0.5);
   t.opt.param_groups().push_back(ParamGroup{{zeros({1}).requires_grad_()}, 0.3, 0.0});
-  EXPECT_NE(error_of([&] { sched.step(); }).find("the optimizer has 3 parameter groups but had 2"), std::string::npos);
+  EXPECT_NE(error_message_of([&] { sched.step(); }).find("the optimizer has 3 parameter groups but had 2"),
+            std::string::npos);
   EXPECT_THROW(sched.last_lr(5), Error);
 }
 
