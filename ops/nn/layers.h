@@ -29,9 +29,9 @@ class LinearOptions {
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options, Generator* generator = nullptr);
-  Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
-  Tensor weight;                          // [out, in]
-  Tensor bias;                            // [out], undefined without bias
+  virtual Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
+  Tensor weight;                                  // [out, in]
+  Tensor bias;                                    // [out], undefined without bias
 };
 
 // Rows of a [num_embeddings, dim] table drawn from N(0, 1).

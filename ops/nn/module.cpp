@@ -33,8 +33,45 @@ void Module::check_new_name(const std::string& name) const {
     }
     return false;
   };
-  MT_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), "Module: the name '", name,
+  bool child_taken = false;
+  for (const Child& child : children_) child_taken = child_taken || child.name == name;
+  MT_CHECK(!taken(parameters_) && !taken(buffers_) && !child_taken, "Module: the name '", name,
            "' is already registered");
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module,
+                       std::function<void(const std::shared_ptr<Module>&)> rebind) {
+  check_new_name(name);
+  MT_CHECK(module != nullptr, "Module::register_module: '", name, "' is a null module");
+  children_.push_back(Child{name, std::move(module), std::move(rebind)});
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const Child& child : children_) out.emplace_back(child.name, child.module);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const Child& child : children_) {
+    out.emplace_back(child.name, child.module);
+    for (auto& [path, below] : child.module->named_modules()) out.emplace_back(child.name + "." + path, below);
+  }
+  return out;
+}
+
+void Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+  MT_CHECK(module != nullptr, "Module::replace_module: the replacement for '", name, "' is null");
+  for (Child& child : children_) {
+    if (child.name != name) continue;
+    MT_CHECK(child.rebind, "Module::replace_module: '", name,
+             "' was registered without a member slot, so its owner would keep using the old module");
+    child.rebind(module);  // checks the type before anything changes
+    child.module = std::move(module);
+    return;
+  }
+  throw Error(detail::str_cat("Module::replace_module: no child named '", name, "'"));
 }
 
 const Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
@@ -56,7 +93,7 @@ const Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
 template <typename Visit>
 void Module::visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const {
   for (const auto& [name, t] : parameters ? parameters_ : buffers_) visit(prefix + name, t);
-  for (const auto& [name, child] : children_) child->visit_tensors(prefix + name + ".", parameters, visit);
+  for (const Child& child : children_) child.module->visit_tensors(prefix + child.name + ".", parameters, visit);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
@@ -95,7 +132,7 @@ int64_t Module::num_parameters(bool trainable_only) const {
 
 void Module::train(bool on) {
   training_ = on;
-  for (auto& [name, child] : children_) child->train(on);
+  for (Child& child : children_) child.module->train(on);
 }
 
 void Module::to(Device device) {

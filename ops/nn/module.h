@@ -2,23 +2,28 @@
 //
 //   class Block : public mt::nn::Module {
 //    public:
-//     Block() : fc(register_module("fc", std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(64, 64)))) {}
+//     Block() { register_module("fc", fc, std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(64, 64))); }
 //     mt::Tensor forward(const mt::Tensor& x) { return fc->forward(x); }
 //     std::shared_ptr<mt::nn::Linear> fc;
 //   };
 //
 // Names are dotted paths ("blocks.0.attn.weight"), in registration order.
+// A child registered together with its member slot (as above) can later be
+// swapped by replace_module(), which also re-points the member: this is how
+// apply_lora() puts a LoRALinear where a Linear was.
 // to(device) / to(dtype) change a parameter's data in place (Tensor handles held
 // by the module's members stay valid, requires_grad is kept). state_dict() is the
 // name -> tensor map that save()/load() write as safetensors.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace mt::nn {
@@ -35,7 +40,9 @@ class Module {
   std::vector<Tensor> parameters() const;
   std::vector<Tensor> trainable_parameters() const;  // those that require grad
   std::vector<std::pair<std::string, Tensor>> named_buffers() const;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  // Every module below this one (not itself), depth first, with its dotted path.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
   int64_t num_parameters(bool trainable_only = false) const;
 
   // ---- mode, placement, freezing ----
@@ -55,24 +62,47 @@ class Module {
   void save(const std::string& path) const;  // safetensors, written atomically
   void load(const std::string& path, bool strict = true);
 
+  // ---- surgery ----
+  // Puts `module` in place of the direct child `name`. The child must have been
+  // registered with a member slot, and `module` must fit that slot's type.
+  void replace_module(const std::string& name, std::shared_ptr<Module> module);
+
  protected:
   const Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
   const Tensor& register_buffer(const std::string& name, Tensor tensor);
+  // A child without a member slot (containers, or members never replaced).
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    check_new_name(name);
-    children_.emplace_back(name, module);
+    add_child(name, module, nullptr);
     return module;
+  }
+  // A child stored in the member `slot`, which replace_module() keeps pointing at it.
+  template <typename M>
+  void register_module(const std::string& name, std::shared_ptr<M>& slot, std::shared_ptr<M> module) {
+    slot = module;
+    add_child(name, module, [&slot, name](const std::shared_ptr<Module>& replacement) {
+      auto typed = std::dynamic_pointer_cast<M>(replacement);
+      MT_CHECK(typed, "Module::replace_module: the replacement for '", name,
+               "' does not derive from the type of the member it must fill");
+      slot = typed;
+    });
   }
 
  private:
+  struct Child {
+    std::string name;
+    std::shared_ptr<Module> module;
+    std::function<void(const std::shared_ptr<Module>&)> rebind;  // re-points the owner's member; may be empty
+  };
+  void add_child(const std::string& name, std::shared_ptr<Module> module,
+                 std::function<void(const std::shared_ptr<Module>&)> rebind);
   void check_new_name(const std::string& name) const;
   template <typename Visit>
   void visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const;
 
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<Child> children_;
   bool training_ = true;
 };
 

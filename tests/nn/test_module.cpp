@@ -11,10 +11,10 @@ namespace {
 
 class TwoLayer : public Module {
  public:
-  TwoLayer()
-      : fc1(register_module("fc1", std::make_shared<Linear>(LinearOptions(4, 8)))),
-        norm(register_module("norm", std::make_shared<LayerNorm>(8))),
-        fc2(register_module("fc2", std::make_shared<Linear>(LinearOptions(8, 2).bias(false)))) {
+  TwoLayer() {
+    register_module("fc1", fc1, std::make_shared<Linear>(LinearOptions(4, 8)));
+    norm = register_module("norm", std::make_shared<LayerNorm>(8));  // no slot: cannot be replaced
+    register_module("fc2", fc2, std::make_shared<Linear>(LinearOptions(8, 2).bias(false)));
     register_buffer("steps", zeros({1}));
   }
   Tensor forward(const Tensor& x) const { return fc2->forward(relu(norm->forward(fc1->forward(x)))); }
@@ -27,6 +27,50 @@ std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>
   std::vector<std::string> out;
   for (const auto& [n, t] : named) out.push_back(n);
   return out;
+}
+
+// A Linear whose forward is the base's plus one, to see which module the owner calls.
+class ShiftedLinear : public Linear {
+ public:
+  ShiftedLinear() : Linear(LinearOptions(4, 8)) {}
+  Tensor forward(const Tensor& x) const override { return add(Linear::forward(x), 1.0); }
+};
+
+TEST(Module, ReplaceModuleRepointsTheOwnersMember) {
+  TwoLayer m;
+  auto shifted = std::make_shared<ShiftedLinear>();
+  m.replace_module("fc1", shifted);
+  EXPECT_EQ(m.fc1.get(), shifted.get());
+  EXPECT_EQ(m.named_children()[0].second.get(), shifted.get());
+  EXPECT_EQ(m.named_parameters()[0].second.impl(), shifted->weight.impl());
+}
+
+TEST(Module, ReplaceModuleRejectsWrongTypesMissingNamesAndSlotlessChildren) {
+  TwoLayer m;
+  auto* before = m.fc1.get();
+  EXPECT_NE(error_message_of([&] {
+              m.replace_module("fc1", std::make_shared<LayerNorm>(8));
+            }).find("does not derive from the type"),
+            std::string::npos);
+  EXPECT_EQ(m.fc1.get(), before);  // nothing changed on failure
+  EXPECT_EQ(m.named_children()[0].second.get(), before);
+  EXPECT_NE(
+      error_message_of([&] { m.replace_module("nope", std::make_shared<LayerNorm>(8)); }).find("no child named 'nope'"),
+      std::string::npos);
+  EXPECT_NE(
+      error_message_of([&] { m.replace_module("norm", std::make_shared<LayerNorm>(8)); }).find("without a member slot"),
+      std::string::npos);
+}
+
+TEST(Module, NamedModulesListsEveryDescendantWithItsPath) {
+  class Outer : public Module {
+   public:
+    Outer() { register_module("inner", inner, std::make_shared<TwoLayer>()); }
+    std::shared_ptr<TwoLayer> inner;
+  } outer;
+  std::vector<std::string> paths;
+  for (const auto& [path, module] : outer.named_modules()) paths.push_back(path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"inner", "inner.fc1", "inner.norm", "inner.fc2"}));
 }
 
 TEST(Module, NamedParametersAreDottedPathsInRegistrationOrder) {
