@@ -1,15 +1,12 @@
 #include "core/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -18,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/view.h"
 
@@ -237,55 +235,6 @@ void read_exact(std::ifstream& in, const std::string& path, uint64_t offset, voi
   }
 }
 
-// ---------------------------------------------------------------- writing
-
-// The temporary file of one save: closed and removed unless committed.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (file_ != nullptr) std::fclose(file_);
-    if (created_ && !committed_) ::unlink(path_.c_str());
-  }
-  bool open() {
-    // A leftover from a crashed save by a process with the same pid is overwritten (a container's
-    // trainer often has the same pid every run); O_NOFOLLOW: never write through a link left there.
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return false;
-    created_ = true;
-    file_ = ::fdopen(fd, "wb");
-    if (file_ == nullptr) {
-      const int err = errno;
-      ::close(fd);
-      errno = err;
-      return false;
-    }
-    return true;
-  }
-  std::FILE* file() const { return file_; }
-  // fclose, reporting its error (the last chance to see a deferred write error).
-  bool close() {
-    std::FILE* f = file_;
-    file_ = nullptr;
-    return std::fclose(f) == 0;
-  }
-  void commit() { committed_ = true; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::FILE* file_ = nullptr;
-  bool created_ = false;
-  bool committed_ = false;
-};
-
-[[noreturn]] void fail_errno(const std::string& path, const std::string& what) {
-  const int err = errno;
-  fail(path, "cannot save safetensors file: ", what, ": ", errno_text(err));
-}
-
 }  // namespace
 
 SafetensorsFile load_safetensors(const std::string& path, Device device) {
@@ -381,37 +330,11 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-  TempFile tmp(detail::str_cat(path, ".tmp.", ::getpid()));
-  if (!tmp.open()) fail_errno(path, detail::str_cat("cannot create temporary file '", tmp.path(), "'"));
-  const auto write = [&](const void* data, size_t n) {
-    if (n != 0 && std::fwrite(data, 1, n, tmp.file()) != n) {
-      fail_errno(path, detail::str_cat("cannot write temporary file '", tmp.path(), "'"));
-    }
-  };
-  write(prefix, sizeof(prefix));
-  write(text.data(), text.size());
-  for (const auto& [name, t] : host) write(t.data_ptr(), t.nbytes());
-  if (std::fflush(tmp.file()) != 0) fail_errno(path, detail::str_cat("cannot flush '", tmp.path(), "'"));
-  if (::fsync(::fileno(tmp.file())) != 0) fail_errno(path, detail::str_cat("cannot fsync '", tmp.path(), "'"));
-  if (!tmp.close()) fail_errno(path, detail::str_cat("cannot close '", tmp.path(), "'"));
-  if (std::rename(tmp.path().c_str(), path.c_str()) != 0) {
-    fail_errno(path, detail::str_cat("cannot rename '", tmp.path(), "' over it"));
-  }
-  tmp.commit();
-
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) fail_errno(path, detail::str_cat("cannot open directory '", dir, "' to fsync it"));
-  const int rc = ::fsync(dir_fd);
-  const int err = errno;
-  ::close(dir_fd);
-  // EINVAL: the filesystem cannot sync directories; the data itself is already synced.
-  if (rc != 0 && err != EINVAL) {
-    errno = err;
-    fail_errno(path, detail::str_cat("cannot fsync directory '", dir, "'"));
-  }
+  write_file_atomically(path, "safetensors file", [&](const ChunkWriter& write) {
+    write(prefix, sizeof(prefix));
+    write(text.data(), text.size());
+    for (const auto& [name, t] : host) write(t.data_ptr(), t.nbytes());
+  });
 }
 
 }  // namespace mt
