@@ -106,4 +106,18 @@ class Module {
   bool training_ = true;
 };
 
+// An ordered list of children named "0", "1", ... (torch.nn.ModuleList), for
+// paths such as "h.3.attn.c_attn" that match Hugging Face's.
+class ModuleList : public Module {
+ public:
+  template <typename M>
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    return register_module(std::to_string(size_++), std::move(module));
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
 }  // namespace mt::nn

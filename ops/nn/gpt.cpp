@@ -1,0 +1,304 @@
+#include "ops/nn/gpt.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "core/atomic_file.h"
+#include "core/safetensors.h"
+#include "core/view.h"
+#include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/loss/loss.h"
+#include "ops/matmul/matmul.h"
+
+namespace mt::nn {
+
+namespace {
+
+using json = nlohmann::json;
+
+template <typename... Args>
+[[noreturn]] void fail_file(const std::string& path, Args&&... args) {
+  throw FileError(detail::str_cat(path, ": ", std::forward<Args>(args)...));
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's Conv1D weights are [in, out]: the 2-D weights inside the blocks (c_attn, c_proj, c_fc).
+bool is_conv1d_weight(const std::string& name) {
+  return starts_with(name, "transformer.h.") && ends_with(name, ".weight") && name.find(".ln_") == std::string::npos;
+}
+
+// HF checkpoints name the body "transformer." (GPT2LMHeadModel) or nothing (GPT2Model).
+std::string with_body_prefix(const std::string& name) {
+  return starts_with(name, "transformer.") || name == "lm_head.weight" ? name : "transformer." + name;
+}
+
+// The causal-mask buffers older transformers versions saved; they hold no weights.
+bool is_mask_buffer(const std::string& name) {
+  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
+}
+
+TransformerShape block_shape(const GPTConfig& c) {
+  return TransformerShape{c.n_embd, c.n_head, c.mlp_width(), c.dropout, c.layer_norm_epsilon};
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ config
+
+void GPTConfig::validate() const {
+  auto positive = [](const char* field, int64_t v) {
+    MT_CHECK(v > 0, "GPTConfig: ", field, " must be positive, got ", v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("n_positions", n_positions);
+  positive("n_embd", n_embd);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  MT_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd ", n_embd, " is not a multiple of n_head ", n_head);
+  MT_CHECK(n_inner >= 0, "GPTConfig: n_inner must be 0 (meaning 4 * n_embd) or positive, got ", n_inner);
+  MT_CHECK(dropout >= 0 && dropout < 1, "GPTConfig: dropout must lie in [0, 1), got ", dropout);
+  MT_CHECK(layer_norm_epsilon > 0, "GPTConfig: layer_norm_epsilon must be positive, got ", layer_norm_epsilon);
+}
+
+GPTConfig GPTConfig::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail_file(path, "cannot open the GPT-2 config: ", std::strerror(errno));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail_file(path, "the GPT-2 config is not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) fail_file(path, "the GPT-2 config must be a JSON object");
+  GPTConfig c;
+  try {
+    if (j.contains("model_type") && j["model_type"] != "gpt2") {
+      fail_file(path, "model_type is ", j["model_type"].dump(), ", expected \"gpt2\"");
+    }
+    c.vocab_size = j.value("vocab_size", c.vocab_size);
+    c.n_positions = j.value("n_positions", c.n_positions);
+    c.n_embd = j.value("n_embd", c.n_embd);
+    c.n_layer = j.value("n_layer", c.n_layer);
+    c.n_head = j.value("n_head", c.n_head);
+    if (j.contains("n_inner") && !j["n_inner"].is_null()) c.n_inner = j["n_inner"].get<int64_t>();
+    c.layer_norm_epsilon = j.value("layer_norm_epsilon", c.layer_norm_epsilon);
+    const double resid = j.value("resid_pdrop", 0.1), embd = j.value("embd_pdrop", 0.1),
+                 attn = j.value("attn_pdrop", 0.1);
+    if (resid != embd || resid != attn) {
+      fail_file(path, "resid_pdrop ", resid, ", embd_pdrop ", embd, " and attn_pdrop ", attn,
+                " differ; mixtrain's GPT has one dropout rate");
+    }
+    c.dropout = resid;
+    const std::string act = j.value("activation_function", std::string("gelu_new"));
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      fail_file(path, "activation_function \"", act, "\" is not supported (gelu_new or gelu_pytorch_tanh)");
+    }
+    if (!j.value("scale_attn_weights", true) || j.value("scale_attn_by_inverse_layer_idx", false) ||
+        j.value("reorder_and_upcast_attn", false) || !j.value("tie_word_embeddings", true)) {
+      fail_file(path,
+                "unsupported GPT-2 option: mixtrain's GPT needs scale_attn_weights true, "
+                "scale_attn_by_inverse_layer_idx false, reorder_and_upcast_attn false, tie_word_embeddings true");
+    }
+  } catch (const json::exception& e) {
+    fail_file(path, "a GPT-2 config field has the wrong type: ", e.what());
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail_file(path, e.what());
+  }
+  return c;
+}
+
+std::string GPTConfig::to_json() const {
+  const json j = {{"architectures", {"GPT2LMHeadModel"}},
+                  {"model_type", "gpt2"},
+                  {"vocab_size", vocab_size},
+                  {"n_positions", n_positions},
+                  {"n_ctx", n_positions},
+                  {"n_embd", n_embd},
+                  {"n_layer", n_layer},
+                  {"n_head", n_head},
+                  {"n_inner", n_inner > 0 ? json(n_inner) : json(nullptr)},
+                  {"activation_function", "gelu_new"},
+                  {"resid_pdrop", dropout},
+                  {"embd_pdrop", dropout},
+                  {"attn_pdrop", dropout},
+                  {"layer_norm_epsilon", layer_norm_epsilon},
+                  {"initializer_range", 0.02},
+                  {"scale_attn_weights", true},
+                  {"tie_word_embeddings", true},
+                  {"use_cache", true}};
+  return j.dump(2) + "\n";
+}
+
+// ------------------------------------------------------------------ model
+
+GPTBody::GPTBody(const GPTConfig& config, Generator* generator) : dropout(config.dropout) {
+  register_module("wte", wte, std::make_shared<Embedding>(config.vocab_size, config.n_embd, generator));
+  register_module("wpe", wpe, std::make_shared<Embedding>(config.n_positions, config.n_embd, generator));
+  register_module("h", h, std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    blocks.push_back(h->push_back(std::make_shared<Block>(block_shape(config), generator)));
+  }
+  register_module("ln_f", ln_f, std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon));
+}
+
+Tensor GPTBody::forward(const Tensor& ids) const {
+  MT_CHECK_T(ShapeError, ids.dim() == 2, "GPT: expected ids [B, T], got ", shape_str(ids.shape()));
+  const int64_t T = ids.size(1);
+  MT_CHECK_T(ShapeError, T >= 1 && T <= wpe->weight.size(0), "GPT: sequence length ", T,
+             " is outside [1, n_positions = ", wpe->weight.size(0), "]");
+  const Tensor positions = arange(T, TensorOptions(DType::i64).device(ids.device()));  // [T]
+  Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
+  x = mt::dropout(x, dropout, is_training());
+  for (const auto& block : blocks) x = block->forward(x);
+  return ln_f->forward(x);
+}
+
+GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {
+  config_.validate();
+  register_module("transformer", transformer, std::make_shared<GPTBody>(config_, generator));
+  NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (const auto& [name, p] : named_parameters()) {
+    if (name.find(".ln_") != std::string::npos) continue;  // ln_1, ln_2, ln_f keep (1, 0)
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+      continue;
+    }
+    const bool residual = ends_with(name, ".c_proj.weight");
+    p.copy_(
+        mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), residual ? residual_std : 0.02));
+  }
+}
+
+Tensor GPT::forward(const Tensor& ids) const {
+  return linear(transformer->forward(ids), transformer->wte->weight);  // tied LM head: [B, T, V]
+}
+
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
+  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
+             " must have the shape of ids ", shape_str(ids.shape()));
+  const Tensor logits = forward(ids);  // [B, T, V]
+  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+// ------------------------------------------------------------------ Hugging Face files
+
+std::shared_ptr<GPT> GPT::from_pretrained(const std::string& dir) {
+  auto model = std::make_shared<GPT>(GPTConfig::from_json_file(dir + "/config.json"));
+  model->load_hf_weights(dir + "/model.safetensors");
+  return model;
+}
+
+void GPT::load_hf_weights(const std::string& path) {
+  const SafetensorsFile file = load_safetensors(path);
+  std::map<std::string, Tensor> state;  // our names, HF's layout for now
+  for (const auto& [hf_name, t] : file.tensors) {
+    const std::string name = with_body_prefix(hf_name);
+    if (!is_mask_buffer(name)) state[name] = t;
+  }
+  // GPT-2 checkpoints store the projections as Conv1D [in, out]; a converter may have written
+  // Linear's [out, in]. The first qkv weight ([C, 3C] or [3C, C]) tells which; square weights cannot.
+  const auto qkv = state.find("transformer.h.0.attn.c_attn.weight");
+  const bool conv1d_layout = qkv == state.end() || qkv->second.dim() != 2 || qkv->second.size(1) == 3 * config_.n_embd;
+  if (conv1d_layout) {
+    for (auto& [name, t] : state) {
+      if (is_conv1d_weight(name) && t.dim() == 2) t = raw::contiguous(t.transpose(0, 1));
+    }
+  }
+  // A tied checkpoint may still carry lm_head.weight; it must be the embedding itself.
+  if (auto it = state.find("lm_head.weight"); it != state.end()) {
+    const auto wte = state.find("transformer.wte.weight");
+    const bool tied = wte != state.end() && wte->second.shape() == it->second.shape() &&
+                      wte->second.dtype() == it->second.dtype() &&
+                      std::equal(static_cast<const char*>(wte->second.data_ptr()),
+                                 static_cast<const char*>(wte->second.data_ptr()) + wte->second.nbytes(),
+                                 static_cast<const char*>(it->second.data_ptr()));
+    if (!tied) fail_file(path, "lm_head.weight differs from wte.weight; mixtrain's GPT ties them");
+    state.erase(it);
+  }
+  try {
+    load_state_dict(state, /*strict=*/true);
+  } catch (const Error& e) {
+    fail_file(path, "not a GPT-2 checkpoint for this config: ", e.what());
+  }
+}
+
+void GPT::save_pretrained(const std::string& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail_file(dir, "cannot create the directory: ", ec.message());
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : state_dict()) state[name] = is_conv1d_weight(name) ? t.transpose(0, 1) : t;
+  save_safetensors(dir + "/model.safetensors", state, {{"format", "pt"}});
+  write_file_atomically(dir + "/config.json", "GPT-2 config", config_.to_json());
+}
+
+// ------------------------------------------------------------------ sampling
+
+namespace {
+
+// Draws an index from softmax(logits / temperature) restricted to the top_k largest.
+int64_t sample_token(std::vector<double> logits, const GenerateOptions& options, Generator* generator) {
+  const auto n = static_cast<int64_t>(logits.size());
+  if (options.temperature == 0.0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  if (options.top_k > 0 && options.top_k < n) {
+    std::vector<double> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (options.top_k - 1), sorted.end(), std::greater<>());
+    const double kth = sorted[options.top_k - 1];
+    for (double& l : logits) {
+      if (l < kth) l = -INFINITY;
+    }
+  }
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (double& l : logits) total += (l = std::exp((l - top) / options.temperature));
+  const double u = rand({1}, {}, generator).item() * total;
+  double running = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    running += logits[i];
+    if (u < running) return i;
+  }
+  return std::max_element(logits.begin(), logits.end()) - logits.begin();  // u rounded up to total
+}
+
+}  // namespace
+
+std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, const GenerateOptions& options,
+                              Generator* generator) {
+  const GPTConfig& c = model.config();
+  MT_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  MT_CHECK(options.temperature >= 0, "generate: temperature must be >= 0, got ", options.temperature);
+  MT_CHECK(options.top_k >= 0, "generate: top_k must be >= 0, got ", options.top_k);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    MT_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "generate: prompt token ", prompt[i], " at position ", i,
+             " is outside the vocabulary [0, ", c.vocab_size, ")");
+  }
+  NoGradGuard no_grad;
+  const Device device = model.transformer->wte->weight.device();
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    const auto context = static_cast<int64_t>(std::min<size_t>(prompt.size(), static_cast<size_t>(c.n_positions)));
+    std::vector<double> window(prompt.end() - context, prompt.end());
+    const Tensor ids = from_vector(window, {1, context}, DType::i64).to(device);  // [1, T]
+    const Tensor last = model.forward(ids).slice(1, context - 1, context);        // [1, 1, V]
+    prompt.push_back(sample_token(last.to_vector<double>(), options, generator));
+  }
+  return prompt;
+}
+
+}  // namespace mt::nn

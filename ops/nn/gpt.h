@@ -1,0 +1,90 @@
+// GPT: the GPT-2 architecture (learned positions, pre-norm blocks, GELU-tanh MLP,
+// LM head tied to the token embedding), built from a config, trained from scratch
+// or loaded from a Hugging Face GPT-2 checkpoint.
+//
+//   ids      // [B, T] i64, T <= n_positions
+//   logits   // [B, T, V] = ln_f(blocks(wte[ids] + wpe[0..T))) wte^T
+//
+// Parameter paths are Hugging Face's GPT2LMHeadModel paths ("transformer.h.0.attn.c_attn.weight"),
+// so LoRA targets ("c_attn", "c_proj", "c_fc") and saved adapters line up with PEFT. The one
+// difference is the projection layout: HF's Conv1D stores [in, out], our Linear [out, in];
+// from_pretrained() / save_pretrained() transpose on the way in and out, and nothing else does.
+// A directory written by save_pretrained() loads with transformers' GPT2LMHeadModel.from_pretrained.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "ops/nn/layers.h"
+#include "ops/nn/transformer.h"
+
+namespace mt::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;  // the longest sequence
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_inner = 0;   // MLP width; 0 means 4 * n_embd, as in HF
+  double dropout = 0.0;  // HF's resid_pdrop, embd_pdrop and attn_pdrop, which must agree on load
+  double layer_norm_epsilon = 1e-5;
+
+  void validate() const;  // throws naming the field and its value
+  int64_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+  // HF config.json: reading checks model_type and the options we do not implement.
+  static GPTConfig from_json_file(const std::string& path);
+  std::string to_json() const;
+};
+
+// The body: HF's GPT2Model, registered as "transformer".
+class GPTBody : public Module {
+ public:
+  GPTBody(const GPTConfig& config, Generator* generator);
+  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after ln_f
+  std::shared_ptr<Embedding> wte;           // [V, C]
+  std::shared_ptr<Embedding> wpe;           // [n_positions, C]
+  std::shared_ptr<ModuleList> h;
+  std::vector<std::shared_ptr<Block>> blocks;  // h's children, typed
+  std::shared_ptr<LayerNorm> ln_f;
+  double dropout;
+};
+
+class GPT : public Module {
+ public:
+  // Weights drawn as GPT-2 draws them: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)),
+  // biases zero, layer norms (1, 0).
+  explicit GPT(const GPTConfig& config, Generator* generator = nullptr);
+
+  Tensor forward(const Tensor& ids) const;                      // [B, T] -> logits [B, T, V]
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over [B, T]
+  const GPTConfig& config() const { return config_; }
+
+  // A Hugging Face GPT-2 directory: config.json and model.safetensors.
+  static std::shared_ptr<GPT> from_pretrained(const std::string& dir);
+  // Loads HF-named, HF-laid-out weights into this model (strict: every weight present, nothing unknown).
+  void load_hf_weights(const std::string& safetensors_path);
+  // Writes config.json and model.safetensors (atomically) in HF's layout.
+  void save_pretrained(const std::string& dir) const;
+
+  std::shared_ptr<GPTBody> transformer;
+
+ private:
+  GPTConfig config_;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: the whole vocabulary
+};
+
+// Extends `prompt` by sampling one token at a time (no gradient, eval mode assumed by the caller).
+// The context fed to the model is the last n_positions tokens.
+std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, const GenerateOptions& options,
+                              Generator* generator = nullptr);
+
+}  // namespace mt::nn

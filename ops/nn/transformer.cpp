@@ -1,0 +1,52 @@
+#include "ops/nn/transformer.h"
+
+#include "ops/attention/attention.h"
+#include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/shape/join.h"
+#include "ops/shape/shape.h"
+
+namespace mt::nn {
+
+MLP::MLP(const TransformerShape& shape, Generator* generator) : dropout(shape.dropout) {
+  register_module("c_fc", c_fc, std::make_shared<Linear>(LinearOptions(shape.n_embd, shape.n_inner), generator));
+  register_module("c_proj", c_proj, std::make_shared<Linear>(LinearOptions(shape.n_inner, shape.n_embd), generator));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  const Tensor hidden = gelu(c_fc->forward(x), GeluApproximation::tanh);  // [B, T, n_inner]
+  return mt::dropout(c_proj->forward(hidden), dropout, is_training());
+}
+
+CausalSelfAttention::CausalSelfAttention(const TransformerShape& shape, Generator* generator)
+    : n_head(shape.n_head), dropout(shape.dropout) {
+  MT_CHECK(shape.n_head > 0 && shape.n_embd % shape.n_head == 0, "CausalSelfAttention: n_embd ", shape.n_embd,
+           " is not a multiple of n_head ", shape.n_head);
+  register_module("c_attn", c_attn, std::make_shared<Linear>(LinearOptions(shape.n_embd, 3 * shape.n_embd), generator));
+  register_module("c_proj", c_proj, std::make_shared<Linear>(LinearOptions(shape.n_embd, shape.n_embd), generator));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  MT_CHECK_T(ShapeError, x.dim() == 3, "CausalSelfAttention: expected x [B, T, C], got ", shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
+  const std::vector<Tensor> qkv = split(c_attn->forward(x), C, /*dim=*/2);                       // 3 x [B, T, C]
+  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, D}), 1, 2); };  // [B, H, T, D]
+  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true,
+                                                is_training() ? dropout : 0.0);  // [B, H, T, D]
+  const Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});
+  return mt::dropout(c_proj->forward(merged), dropout, is_training());
+}
+
+Block::Block(const TransformerShape& shape, Generator* generator) {
+  register_module("ln_1", ln_1, std::make_shared<LayerNorm>(shape.n_embd, shape.layer_norm_epsilon));
+  register_module("attn", attn, std::make_shared<CausalSelfAttention>(shape, generator));
+  register_module("ln_2", ln_2, std::make_shared<LayerNorm>(shape.n_embd, shape.layer_norm_epsilon));
+  register_module("mlp", mlp, std::make_shared<MLP>(shape, generator));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  const Tensor h = add(x, attn->forward(ln_1->forward(x)));
+  return add(h, mlp->forward(ln_2->forward(h)));
+}
+
+}  // namespace mt::nn

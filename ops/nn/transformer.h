@@ -1,0 +1,61 @@
+// The GPT-2 transformer pieces: MLP, causal self-attention and the pre-norm block.
+//
+// Names follow Hugging Face's GPT2 modules (c_attn, c_proj, c_fc, ln_1, ln_2), so
+// parameter paths and LoRA target names are the ones users know from PEFT. Unlike
+// HF's Conv1D ([in, out]), every projection here is a Linear with weight [out, in];
+// GPT::from_pretrained transposes when it loads HF weights.
+//
+//   x   // [B, T, C]   C = n_embd, H = n_head, D = C / H
+//   Block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+//   attn:   q, k, v = split(c_attn(x), C)     // each [B, T, C] -> [B, H, T, D]
+//           y = c_proj(causal_sdpa(q, k, v)) // scale 1/sqrt(D), dropout on the probabilities
+//   mlp:    y = c_proj(gelu_tanh(c_fc(x)))   // hidden 4C unless n_inner says otherwise
+// Dropout (attention probabilities, and each residual branch) is active only in training mode.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/random.h"
+#include "ops/nn/layers.h"
+
+namespace mt::nn {
+
+struct TransformerShape {
+  int64_t n_embd;   // C
+  int64_t n_head;   // H; must divide C
+  int64_t n_inner;  // MLP hidden width
+  double dropout;   // attention probabilities and residual branches
+  double layer_norm_epsilon;
+};
+
+class MLP : public Module {
+ public:
+  MLP(const TransformerShape& shape, Generator* generator);
+  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<Linear> c_fc;           // [n_inner, C]
+  std::shared_ptr<Linear> c_proj;         // [C, n_inner]
+  double dropout;
+};
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const TransformerShape& shape, Generator* generator);
+  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<Linear> c_attn;         // [3C, C]: q, k, v stacked in that order
+  std::shared_ptr<Linear> c_proj;         // [C, C]
+  int64_t n_head;
+  double dropout;
+};
+
+class Block : public Module {
+ public:
+  Block(const TransformerShape& shape, Generator* generator);
+  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<LayerNorm> ln_1;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<LayerNorm> ln_2;
+  std::shared_ptr<MLP> mlp;
+};
+
+}  // namespace mt::nn

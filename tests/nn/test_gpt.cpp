@@ -1,0 +1,245 @@
+// GPT: Hugging Face names and layout, save/load round trips, causality, training, sampling.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/safetensors.h"
+#include "core/view.h"
+#include "ops/nn/gpt.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "tests/test_util.h"
+
+namespace mt::nn {
+namespace {
+
+GPTConfig tiny_config() {
+  GPTConfig c;
+  c.vocab_size = 37;
+  c.n_positions = 16;
+  c.n_embd = 24;
+  c.n_layer = 2;
+  c.n_head = 3;
+  return c;
+}
+
+std::string scratch_dir(const std::string& name) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("mt_gpt_" + name)).string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  Generator g(seed);
+  std::vector<double> ids(static_cast<size_t>(B * T));
+  const std::vector<double> u = rand({B * T}, {}, &g).to_vector<double>();
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = std::floor(u[i] * static_cast<double>(vocab));
+  return from_vector(ids, {B, T}, DType::i64);
+}
+
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+TEST(GPT, ParameterPathsAreHuggingFacesAndTheCountMatchesTheFormula) {
+  const GPTConfig c = tiny_config();
+  GPT model(c);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
+  const std::vector<std::string> first_block = {
+      "transformer.h.0.ln_1.weight",      "transformer.h.0.ln_1.bias",          "transformer.h.0.attn.c_attn.weight",
+      "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+      "transformer.h.0.ln_2.weight",      "transformer.h.0.ln_2.bias",          "transformer.h.0.mlp.c_fc.weight",
+      "transformer.h.0.mlp.c_fc.bias",    "transformer.h.0.mlp.c_proj.weight",  "transformer.h.0.mlp.c_proj.bias"};
+  ASSERT_EQ(names.size(), 2 + 12 * 2 + 2u);
+  EXPECT_EQ(names[0], "transformer.wte.weight");
+  EXPECT_EQ(names[1], "transformer.wpe.weight");
+  EXPECT_EQ(std::vector<std::string>(names.begin() + 2, names.begin() + 14), first_block);
+  EXPECT_EQ(names.back(), "transformer.ln_f.bias");
+  // Per block: 2 layer norms, qkv, attention out, MLP in and out (the LM head is the tied wte).
+  const int64_t C = c.n_embd, F = 4 * C;
+  const int64_t block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C);
+  EXPECT_EQ(model.num_parameters(), c.vocab_size * C + c.n_positions * C + c.n_layer * block + 2 * C);
+}
+
+TEST(GPT, InitialisationFollowsGpt2AndTheInitialLossIsNearLogV) {
+  const GPTConfig c = tiny_config();
+  Generator g(7);
+  GPT model(c, &g);
+  auto stddev = [](const Tensor& t) {
+    double s = 0, s2 = 0;
+    for (double v : values(t)) s += v, s2 += v * v;
+    const double n = static_cast<double>(t.numel());
+    return std::sqrt(s2 / n - (s / n) * (s / n));
+  };
+  EXPECT_NEAR(stddev(model.transformer->wte->weight), 0.02, 0.002);
+  EXPECT_NEAR(stddev(model.transformer->blocks[0]->mlp->c_proj->weight), 0.02 / std::sqrt(4.0), 0.002);
+  for (double v : values(model.transformer->blocks[1]->attn->c_attn->bias)) EXPECT_EQ(v, 0.0);
+  const Tensor ids = random_ids(4, 16, c.vocab_size, 1);
+  const double loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16)).item();
+  EXPECT_NEAR(loss, std::log(static_cast<double>(c.vocab_size)), 0.05);  // logits ~ 0 at init
+}
+
+TEST(GPT, EarlierLogitsDoNotDependOnLaterTokens) {
+  const GPTConfig c = tiny_config();
+  GPT model(c);
+  const Tensor ids = random_ids(1, 10, c.vocab_size, 2);
+  std::vector<double> changed = values(ids);
+  changed[7] = std::fmod(changed[7] + 1, static_cast<double>(c.vocab_size));
+  const std::vector<double> a = values(model.forward(ids).slice(1, 0, 7));
+  const std::vector<double> b = values(model.forward(from_vector(changed, {1, 10}, DType::i64)).slice(1, 0, 7));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(values(model.forward(ids).slice(1, 7, 8)),
+            values(model.forward(from_vector(changed, {1, 10}, DType::i64)).slice(1, 7, 8)));
+}
+
+TEST(GPT, SavePretrainedWritesHuggingFaceLayoutAndLoadsBackBitExact) {
+  const GPTConfig c = tiny_config();
+  Generator g(3);
+  GPT model(c, &g);
+  const std::string dir = scratch_dir("roundtrip");
+  model.save_pretrained(dir);
+
+  const SafetensorsFile file = load_safetensors(dir + "/model.safetensors");
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_EQ(file.tensors.at("transformer.h.0.attn.c_attn.weight").shape(), (Shape{c.n_embd, 3 * c.n_embd}));
+  EXPECT_EQ(values(file.tensors.at("transformer.h.1.mlp.c_fc.weight")),
+            values(model.transformer->blocks[1]->mlp->c_fc->weight.transpose(0, 1)));
+  EXPECT_EQ(file.tensors.count("lm_head.weight"), 0u);  // tied, as HF saves GPT-2
+
+  const auto loaded = GPT::from_pretrained(dir);
+  EXPECT_EQ(loaded->config().n_head, c.n_head);
+  for (const auto& [name, t] : model.state_dict()) EXPECT_EQ(values(loaded->state_dict().at(name)), values(t)) << name;
+  const Tensor ids = random_ids(2, 12, c.vocab_size, 4);
+  EXPECT_EQ(values(loaded->forward(ids)), values(model.forward(ids)));
+}
+
+TEST(GPT, LoadsCheckpointsWithoutTheBodyPrefixAndIgnoresMaskBuffers) {
+  const GPTConfig c = tiny_config();
+  Generator g(5);
+  GPT model(c, &g);
+  const std::string dir = scratch_dir("gpt2model");
+  model.save_pretrained(dir);
+  // Rewrite as GPT2Model would save it: no "transformer." prefix, with the old mask buffers.
+  std::map<std::string, Tensor> bare;
+  for (const auto& [name, t] : load_safetensors(dir + "/model.safetensors").tensors) bare[name.substr(12)] = t;
+  bare["h.0.attn.bias"] = ones({1, 1, 16, 16});
+  bare["lm_head.weight"] = bare["wte.weight"];
+  save_safetensors(dir + "/model.safetensors", bare);
+  GPT other(c);
+  other.load_hf_weights(dir + "/model.safetensors");
+  const Tensor ids = random_ids(1, 8, c.vocab_size, 6);
+  EXPECT_EQ(values(other.forward(ids)), values(model.forward(ids)));
+}
+
+TEST(GPT, BadCheckpointsAndConfigsNameTheFileAndTheProblem) {
+  const GPTConfig c = tiny_config();
+  GPT model(c);
+  const std::string dir = scratch_dir("bad");
+  model.save_pretrained(dir);
+  const std::string weights = dir + "/model.safetensors";
+  auto with = [&](const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+    auto state = load_safetensors(dir + "/model.safetensors").tensors;
+    edit(state);
+    save_safetensors(dir + "/edited.safetensors", state);
+    GPT fresh(c);
+    return error_message_of([&] { fresh.load_hf_weights(dir + "/edited.safetensors"); });
+  };
+  std::string msg = with([](auto& s) { s.erase("transformer.ln_f.bias"); });
+  EXPECT_NE(msg.find("edited.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing keys: transformer.ln_f.bias"), std::string::npos) << msg;
+  msg = with([](auto& s) { s["transformer.h.9.attn.c_attn.weight"] = zeros({1}); });
+  EXPECT_NE(msg.find("unexpected keys: transformer.h.9.attn.c_attn.weight"), std::string::npos) << msg;
+  msg = with([](auto& s) { s["lm_head.weight"] = zeros(s["transformer.wte.weight"].shape()); });
+  EXPECT_NE(msg.find("lm_head.weight differs from wte.weight"), std::string::npos) << msg;
+  msg = with([](auto& s) { s["transformer.h.0.mlp.c_fc.weight"] = zeros({24, 24}); });
+  EXPECT_NE(msg.find("transformer.h.0.mlp.c_fc.weight' has shape"), std::string::npos) << msg;
+
+  auto config_error = [&](const std::string& text) {
+    std::ofstream(dir + "/config.json") << text;
+    return error_message_of([&] { GPT::from_pretrained(dir); });
+  };
+  msg = config_error("{\"model_type\": \"llama\"}");
+  EXPECT_NE(msg.find("config.json: model_type is \"llama\""), std::string::npos) << msg;
+  msg = config_error("{\"model_type\": \"gpt2\", \"activation_function\": \"relu\"}");
+  EXPECT_NE(msg.find("activation_function \"relu\" is not supported"), std::string::npos) << msg;
+  msg = config_error("{\"n_embd\": 10, \"n_head\": 3}");
+  EXPECT_NE(msg.find("n_embd 10 is not a multiple of n_head 3"), std::string::npos) << msg;
+  msg = config_error("{\"n_embd\": \"wide\"}");
+  EXPECT_NE(msg.find("wrong type"), std::string::npos) << msg;
+  msg = config_error("{not json");
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  msg = error_message_of([&] { GPT::from_pretrained(dir + "/nowhere"); });
+  EXPECT_NE(msg.find("nowhere/config.json: cannot open"), std::string::npos) << msg;
+}
+
+TEST(GPT, SequencesLongerThanThePositionTableAreRejected) {
+  GPT model(tiny_config());
+  const std::string msg = error_message_of([&] { model.forward(zeros({1, 17}, DType::i64)); });
+  EXPECT_NE(msg.find("sequence length 17 is outside [1, n_positions = 16]"), std::string::npos) << msg;
+}
+
+TEST(GPT, LearnsARepeatingSequence) {
+  GPTConfig c = tiny_config();
+  Generator g(11);
+  GPT model(c, &g);
+  AdamW opt(model.parameters(), AdamWOptions(1e-2).weight_decay(0.0));
+  std::vector<double> pattern;
+  for (int i = 0; i < 17; ++i) pattern.push_back((i * 5) % 11);
+  const Tensor seq = from_vector(pattern, {1, 17}, DType::i64);
+  const Tensor x = seq.slice(1, 0, 16), y = seq.slice(1, 1, 17);
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    opt.zero_grad();
+    const Tensor loss = model.loss(x, y);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item();
+  }
+  EXPECT_LT(last, 0.05 * first) << "first " << first << " last " << last;
+  model.eval();
+  std::vector<int64_t> prompt = {0, 5, 10};
+  const std::vector<int64_t> out = generate(model, prompt, GenerateOptions{8, /*temperature=*/0.0, 0});
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], static_cast<int64_t>((i * 5) % 11)) << i;
+}
+
+TEST(GPT, SamplingIsSeededAndTopOneIsGreedy) {
+  GPT model(tiny_config());
+  model.eval();
+  Generator a(1), b(1), c(2);
+  const GenerateOptions sample{20, 1.0, 0};
+  const auto first = generate(model, {1, 2}, sample, &a);
+  EXPECT_EQ(first.size(), 22u);
+  EXPECT_EQ(generate(model, {1, 2}, sample, &b), first);
+  EXPECT_NE(generate(model, {1, 2}, sample, &c), first);
+  EXPECT_EQ(generate(model, {1, 2}, GenerateOptions{5, 1.0, 1}), generate(model, {1, 2}, GenerateOptions{5, 0.0, 0}));
+  // Longer than n_positions: the context is cropped, not rejected.
+  EXPECT_EQ(generate(model, std::vector<int64_t>(16, 3), GenerateOptions{3, 0.0, 0}).size(), 19u);
+  const std::string msg = error_message_of([&] { generate(model, {1, 99}, sample); });
+  EXPECT_NE(msg.find("prompt token 99 at position 1 is outside the vocabulary [0, 37)"), std::string::npos) << msg;
+}
+
+TEST(GPT, CudaMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const GPTConfig c = tiny_config();
+  Generator g(13);
+  GPT cpu(c, &g);
+  GPT gpu(c);
+  gpu.load_state_dict(cpu.state_dict());
+  gpu.to(Device("cuda"));
+  const Tensor ids = random_ids(2, 16, c.vocab_size, 14);
+  const Tensor loss_cpu = cpu.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
+  const Tensor loss_gpu = gpu.loss(ids.slice(1, 0, 15).to(Device("cuda")), ids.slice(1, 1, 16).to(Device("cuda")));
+  loss_cpu.backward();
+  loss_gpu.backward();
+  EXPECT_NEAR(loss_gpu.item(), loss_cpu.item(), 1e-5 * loss_cpu.item());
+  const auto gp = gpu.named_parameters();
+  const auto cp = cpu.named_parameters();
+  for (size_t i = 0; i < cp.size(); ++i) {
+    const std::vector<double> a = values(cp[i].second.grad()), b = values(gp[i].second.grad());
+    double num = 0, den = 0;
+    for (size_t j = 0; j < a.size(); ++j) num += (a[j] - b[j]) * (a[j] - b[j]), den += a[j] * a[j];
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << cp[i].first;  // relative L2, f32, TF32 off
+  }
+}
+
+}  // namespace
+}  // namespace mt::nn
