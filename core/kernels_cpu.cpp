@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu_loops.h"
 #include "core/dispatch.h"
 #include "core/kernels.h"
 #include "core/random.h"
@@ -16,43 +17,39 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     return;
   }
-  const StridedIndexer di(dst), si(src);
   dispatch_all(dst.dtype(), "copy", [&](auto dst_tag) {
     using D = typename decltype(dst_tag)::type;
     dispatch_all(src.dtype(), "copy", [&](auto src_tag) {
       using S = typename decltype(src_tag)::type;
       D* d = static_cast<D*>(dst.data_ptr());
       const S* s = static_cast<const S*>(src.data_ptr());
-      for (int64_t i = 0; i < n; ++i) d[di.offset(i)] = convert<D>(s[si.offset(i)]);
+      cpu::for_each_strided<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                               [&](const auto& off) { d[off[0]] = convert<D>(s[off[1]]); });
     });
   });
 }
 
 void accumulate_cpu(const Tensor& dst, const Tensor& src) {
-  const int64_t n = dst.numel();
-  const StridedIndexer di(dst), si(src);
   dispatch_floating(dst.dtype(), "accumulate_", [&](auto dst_tag) {
     using D = typename decltype(dst_tag)::type;
     dispatch_floating(src.dtype(), "accumulate_", [&](auto src_tag) {
       using S = typename decltype(src_tag)::type;
       D* d = static_cast<D*>(dst.data_ptr());
       const S* s = static_cast<const S*>(src.data_ptr());
-      for (int64_t i = 0; i < n; ++i) {
-        D& out = d[di.offset(i)];
-        out = convert<D>(convert<acc_t<D>>(out) + convert<acc_t<D>>(s[si.offset(i)]));
-      }
+      cpu::for_each_strided<2>(dst.shape(), {&dst.strides(), &src.strides()}, [&](const auto& off) {
+        D& out = d[off[0]];
+        out = convert<D>(convert<acc_t<D>>(out) + convert<acc_t<D>>(s[off[1]]));
+      });
     });
   });
 }
 
 void fill_cpu(const Tensor& dst, double value) {
-  const int64_t n = dst.numel();
-  const StridedIndexer di(dst);
   dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = convert<T>(value);
     T* d = static_cast<T*>(dst.data_ptr());
-    for (int64_t i = 0; i < n; ++i) d[di.offset(i)] = v;
+    cpu::for_each_strided<1>(dst.shape(), {&dst.strides()}, [&](const auto& off) { d[off[0]] = v; });
   });
 }
 

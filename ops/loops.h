@@ -4,45 +4,40 @@
 // the CUDA loops (ops/cuda/loops.cuh) run, so CPU and CUDA compute one formula.
 #pragma once
 
+#include "core/cpu_loops.h"
 #include "core/dispatch.h"
-#include "core/strided.h"
 #include "core/tensor.h"
 
 namespace mt::cpu {
 
 template <typename Op>
 void map_unary(const Tensor& out, const Tensor& in, const char* name, Op op) {
-  const int64_t n = out.numel();
-  const StridedIndexer oi(out), ii(in);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     T* o = static_cast<T*>(out.data_ptr());
     const T* x = static_cast<const T*>(in.data_ptr());
-    for (int64_t i = 0; i < n; ++i) o[oi.offset(i)] = convert<T>(op(convert<A>(x[ii.offset(i)])));
+    for_each_strided<2>(out.shape(), {&out.strides(), &in.strides()},
+                        [&](const auto& off) { o[off[0]] = convert<T>(op(convert<A>(x[off[1]]))); });
   });
 }
 
 template <typename Op>
 void map_binary(const Tensor& out, const Tensor& a, const Tensor& b, const char* name, Op op) {
-  const int64_t n = out.numel();
-  const StridedIndexer oi(out), ai(a), bi(b);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     T* o = static_cast<T*>(out.data_ptr());
     const T* x = static_cast<const T*>(a.data_ptr());
     const T* y = static_cast<const T*>(b.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      o[oi.offset(i)] = convert<T>(op(convert<A>(x[ai.offset(i)]), convert<A>(y[bi.offset(i)])));
-    }
+    for_each_strided<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, [&](const auto& off) {
+      o[off[0]] = convert<T>(op(convert<A>(x[off[1]]), convert<A>(y[off[2]])));
+    });
   });
 }
 
 template <typename Op>
 void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c, const char* name, Op op) {
-  const int64_t n = out.numel();
-  const StridedIndexer oi(out), ai(a), bi(b), ci(c);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
@@ -50,10 +45,9 @@ void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
     const T* x = static_cast<const T*>(a.data_ptr());
     const T* y = static_cast<const T*>(b.data_ptr());
     const T* z = static_cast<const T*>(c.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      o[oi.offset(i)] =
-          convert<T>(op(convert<A>(x[ai.offset(i)]), convert<A>(y[bi.offset(i)]), convert<A>(z[ci.offset(i)])));
-    }
+    for_each_strided<4>(out.shape(), {&out.strides(), &a.strides(), &b.strides(), &c.strides()}, [&](const auto& off) {
+      o[off[0]] = convert<T>(op(convert<A>(x[off[1]]), convert<A>(y[off[2]]), convert<A>(z[off[3]])));
+    });
   });
 }
 

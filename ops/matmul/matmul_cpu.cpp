@@ -75,6 +75,11 @@ void gemm_typed(const GemmProblem& p) {
   T* c = static_cast<T*>(p.c.tensor.data_ptr());
   const A alpha = static_cast<A>(p.alpha), beta = static_cast<A>(p.beta);
   if constexpr (std::is_same_v<T, A>) {
+    // A batch of small products (attention's per-head GEMMs) runs one product per thread;
+    // inside a parallel region Eigen keeps each product on its thread. A single product
+    // is left to Eigen, which splits large ones across the cores itself.
+    const bool across_batch = p.batch > 1 && p.batch * p.m * p.n * p.k >= (int64_t{1} << 18);
+#pragma omp parallel for schedule(static) if (across_batch)
     for (int64_t i = 0; i < p.batch; ++i) {
       OutMap<A> cm(c + i * p.c.batch_stride, p.m, p.n, Eigen::OuterStride<>(p.c.ld));
       gemm_one<A>(cm, a + i * p.a.batch_stride, p.a, b + i * p.b.batch_stride, p.b, alpha, beta);

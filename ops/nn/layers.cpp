@@ -19,6 +19,18 @@ Linear::Linear(const LinearOptions& options, Generator* generator) {
     bias = register_parameter("bias", uniform({options.out_features()}, -bound, bound, {}, generator));
 }
 
+Linear::Linear(const Tensor& weight_, const Tensor& bias_) {
+  MT_CHECK(weight_.defined() && weight_.dim() == 2, "Linear: weight must be a 2-D [out, in] tensor, got ",
+           weight_.defined() ? shape_str(weight_.shape()) : std::string("an undefined tensor"));
+  MT_CHECK_T(DTypeError, is_floating(weight_.dtype()), "Linear: weight must be floating, got ",
+             dtype_name(weight_.dtype()));
+  MT_CHECK_T(ShapeError, !bias_.defined() || bias_.shape() == Shape{weight_.size(0)}, "Linear: bias must have shape ",
+             shape_str({weight_.size(0)}), " for weight ", shape_str(weight_.shape()), ", got ",
+             bias_.defined() ? shape_str(bias_.shape()) : std::string());
+  weight = register_parameter("weight", weight_);
+  if (bias_.defined()) bias = register_parameter("bias", bias_);
+}
+
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {

@@ -29,6 +29,10 @@ class LinearOptions {
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options, Generator* generator = nullptr);
+  // Wraps existing tensors, sharing their storage, as trainable parameters: weight
+  // [out, in] and bias [out] or undefined. Layers that take over a Linear
+  // (LoRALinear) and factors made in a given dtype and device start from here.
+  Linear(const Tensor& weight, const Tensor& bias);
   virtual Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
   Tensor weight;                                  // [out, in]
   Tensor bias;                                    // [out], undefined without bias

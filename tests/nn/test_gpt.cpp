@@ -6,6 +6,7 @@
 #include "core/safetensors.h"
 #include "core/view.h"
 #include "ops/nn/gpt.h"
+#include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "tests/test_util.h"
@@ -215,6 +216,43 @@ TEST(GPT, SamplingIsSeededAndTopOneIsGreedy) {
   EXPECT_EQ(generate(model, std::vector<int64_t>(16, 3), GenerateOptions{3, 0.0, 0}).size(), 19u);
   const std::string msg = error_message_of([&] { generate(model, {1, 99}, sample); });
   EXPECT_NE(msg.find("prompt token 99 at position 1 is outside the vocabulary [0, 37)"), std::string::npos) << msg;
+}
+
+// LoRA on the GPT's projections, then PEFT's merge_and_unload: a plain GPT again, with the
+// base parameter names, that saves and loads like any GPT and computes what the adapted one did.
+TEST(GPT, LoraMergeAndUnloadGivesAPlainModelWithTheAdaptersEffect) {
+  const GPTConfig c = tiny_config();
+  Generator g(21);
+  GPT model(c, &g);
+  std::vector<std::string> base_names;
+  for (const auto& [name, t] : model.named_parameters()) base_names.push_back(name);
+  LoRAOptions options;
+  options.r = 4;
+  options.target_modules = {"c_attn", "c_proj", "c_fc"};
+  EXPECT_EQ(apply_lora(model, options, &g).size(), 4u * c.n_layer);  // c_proj matches in attn and in mlp
+  {
+    NoGradGuard no_grad;
+    for (const auto& [path, layer] : lora_layers(model))
+      layer->lora_B->weight.copy_(randn(layer->lora_B->weight.shape(), {}, &g));
+  }
+  const Tensor ids = random_ids(2, 12, c.vocab_size, 22);
+  const std::vector<double> adapted = values(model.forward(ids));
+  EXPECT_NE(adapted, values(GPT(c, nullptr).forward(ids)));
+
+  merge_and_unload(model);
+  EXPECT_TRUE(lora_layers(model).empty());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, base_names);
+  const std::string dir = scratch_dir("merged");
+  model.save_pretrained(dir);
+  const std::vector<double> merged = values(GPT::from_pretrained(dir)->forward(ids));
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    worst = std::max(worst, std::abs(merged[i] - adapted[i]));
+    scale = std::max(scale, std::abs(adapted[i]));
+  }
+  EXPECT_LE(worst, 1e-5 * scale);  // f32: the merged weight is rounded once
 }
 
 TEST(GPT, CudaMatchesCpu) {

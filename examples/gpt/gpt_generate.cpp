@@ -1,0 +1,54 @@
+// Samples text from a GPT saved by gpt_train (or any byte-level GPT-2 directory), with
+// or without a LoRA adapter.
+//
+//   build/examples/gpt_generate --model model/ --adapter adapter/ --prompt "The " --tokens 300
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "examples/gpt/trainer.h"
+#include "ops/nn/lora.h"
+#include "ops/ops.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Generate text with a GPT, optionally with a LoRA adapter"};
+  gpt_example::PlacementFlags placement_flags;
+  std::string model_dir, adapter_dir, prompt = "The ";
+  int64_t tokens = 200, top_k = 40;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  bool merge = false;
+  placement_flags.add_to(app);
+  app.add_option("--model", model_dir, "model directory (config.json, model.safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--adapter", adapter_dir, "LoRA adapter directory (adapter_config.json, adapter_model.safetensors)")
+      ->check(CLI::ExistingDirectory);
+  app.add_flag("--merge", merge, "merge the adapter into the weights before sampling (same text, faster)");
+  app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  app.add_option("--tokens", tokens, "tokens (bytes) to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--temperature", temperature, "softmax temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "sampling seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const gpt_example::Placement placement = placement_flags.resolve();
+    const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(model_dir);
+    model->to(placement.device);
+    if (!adapter_dir.empty()) {
+      mt::nn::load_adapter(*model, adapter_dir);
+      if (merge) mt::nn::merge_lora(*model);
+    }
+    model->eval();
+    std::printf("%s\n", gpt_example::sample_text(*model, prompt, tokens, temperature, top_k, seed).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_generate: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

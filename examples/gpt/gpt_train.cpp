@@ -1,0 +1,75 @@
+// Pretrains a GPT (GPT-2 architecture, byte-level vocabulary) from scratch on a token file
+// and saves it as a Hugging Face GPT-2 directory.
+//
+//   build/examples/gpt_tokenize --output train.tok licences/*
+//   build/examples/gpt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
+//
+// The saved directory (config.json + model.safetensors) is what gpt_lora and gpt_generate
+// read, and what transformers' GPT2LMHeadModel.from_pretrained reads.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "core/data/byte_tokenizer.h"
+#include "examples/gpt/trainer.h"
+#include "ops/ops.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Pretrain a GPT from scratch on a token file"};
+  gpt_example::PlacementFlags placement_flags;
+  gpt_example::TrainFlags train_flags;
+  mt::nn::GPTConfig config;
+  config.vocab_size = mt::data::ByteTokenizer().vocab_size();
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.n_positions = 0;  // 0: --seq-len
+  std::string out;
+  std::string prompt = "The ";
+  int64_t sample_tokens = 200;
+  placement_flags.add_to(app);
+  train_flags.add_to(app, "training token file (from gpt_tokenize)");
+  app.add_option("--out", out, "directory to save the model to (config.json, model.safetensors)")->required();
+  app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--context", config.n_positions, "longest sequence the model accepts (0: --seq-len)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  app.add_option("--prompt", prompt, "prompt of the sample printed after training")->capture_default_str();
+  app.add_option("--sample-tokens", sample_tokens, "length of that sample (0: none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const gpt_example::Placement placement = placement_flags.resolve();
+    if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
+    mt::manual_seed(train_flags.seed);
+    mt::Generator init(train_flags.seed);
+    mt::nn::GPT model(config, &init);
+    model.to(placement.device);
+    std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
+                static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
+                static_cast<long long>(config.n_embd), static_cast<long long>(config.n_positions),
+                static_cast<long long>(config.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+
+    const gpt_example::TrainResult result =
+        gpt_example::train(model, model.parameters(), train_flags, placement, "gpt_train");
+    model.save_pretrained(out);
+    std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
+                result.seconds, out.c_str());
+    if (sample_tokens > 0) {
+      model.eval();
+      std::printf("gpt_train: sample:\n%s\n",
+                  gpt_example::sample_text(model, prompt, sample_tokens, /*temperature=*/0.8,
+                                           /*top_k=*/40, train_flags.seed)
+                      .c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_train: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,208 @@
+#include "examples/gpt/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "core/cuda_context.h"
+#include "core/data/byte_tokenizer.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
+
+namespace gpt_example {
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+namespace {
+
+std::string duration_text(double seconds) {
+  const auto s = static_cast<int64_t>(std::lround(std::max(seconds, 0.0)));
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  }
+  return buf;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ flags
+
+std::string Placement::describe() const {
+  return device.str() + (amp ? std::string(", ") + mt::dtype_name(*amp) + " autocast" : std::string(", f32"));
+}
+
+void PlacementFlags::add_to(CLI::App& app) {
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: cuda when a GPU is visible)")
+      ->capture_default_str();
+  app.add_option("--amp", amp, "mixed precision: auto (bf16 on cuda, off on cpu), off, bf16 or fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off", "bf16", "fp16"}));
+}
+
+Placement PlacementFlags::resolve() const {
+  Placement p;
+  p.device = device == "auto" ? (mt::cuda::is_available() ? mt::Device("cuda") : mt::kCPU) : mt::Device(device);
+  const std::string mode = amp == "auto" ? (p.device.is_cuda() ? "bf16" : "off") : amp;
+  if (mode == "bf16") p.amp = mt::DType::bf16;
+  if (mode == "fp16") p.amp = mt::DType::f16;
+  return p;
+}
+
+void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
+  app.add_option("--data", data, data_help)->required()->check(CLI::ExistingFile);
+  app.add_option("--val-data", val_data, "validation token file (loss reported after training)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-lr-ratio", min_lr_ratio, "final lr as a fraction of the peak")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--grad-clip", grad_clip, "clip the global gradient norm to this (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "seed for initialisation, batches and dropout")->capture_default_str();
+  app.add_option("--log-every", log_every, "steps between progress lines")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--eval-batches", eval_batches, "validation batches")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+}
+
+// ------------------------------------------------------------------ training
+
+double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t batch_size, int64_t seq_len,
+                int64_t batches, const Placement& placement) {
+  mt::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  mt::data::TokenBatcher batcher(file, mt::data::BatcherOptions(batch_size, seq_len).shuffle(false));
+  const int64_t n = std::min(batches, batcher.batches_per_epoch());
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const mt::data::Batch batch = batcher.next();
+    mt::AutocastGuard autocast(placement.device.type, placement.amp.value_or(mt::DType::bf16),
+                               placement.amp.has_value());
+    total += model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device)).item();
+  }
+  model.train(was_training);
+  return total / static_cast<double>(n);
+}
+
+TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, const TrainFlags& flags,
+                  const Placement& placement, const std::string& tag) {
+  const mt::data::TokenFile data(flags.data);
+  MT_CHECK(data.vocab_size() <= model.config().vocab_size, tag, ": ", flags.data, " has vocab_size ", data.vocab_size(),
+           " but the model's is ", model.config().vocab_size);
+  MT_CHECK(flags.seq_len <= model.config().n_positions, tag, ": --seq-len ", flags.seq_len,
+           " exceeds the model's n_positions ", model.config().n_positions);
+  mt::data::TokenBatcher batcher(data, mt::data::BatcherOptions(flags.batch_size, flags.seq_len).seed(flags.seed));
+
+  mt::AdamW optimizer(params, mt::AdamWOptions(flags.lr).weight_decay(flags.weight_decay));
+  mt::WarmupCosineLR schedule(optimizer, std::min(flags.warmup, flags.steps), flags.steps, flags.min_lr_ratio);
+  // f16 has 5 exponent bits and needs loss scaling; bf16 has f32's range and needs none.
+  const bool fp16 = placement.amp == mt::DType::f16;
+  mt::GradScaler scaler(placement.device, mt::GradScalerOptions().enabled(fp16));
+
+  std::printf("%s: %s tokens in %s, %lld batches of %lldx%lld per epoch, %lld steps on %s\n", tag.c_str(),
+              with_commas(data.size()).c_str(), flags.data.c_str(), static_cast<long long>(batcher.batches_per_epoch()),
+              static_cast<long long>(flags.batch_size), static_cast<long long>(flags.seq_len),
+              static_cast<long long>(flags.steps), placement.describe().c_str());
+  std::fflush(stdout);
+
+  TrainResult result;
+  model.train();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 1; step <= flags.steps; ++step) {
+    const mt::data::Batch batch = batcher.next();
+    mt::Tensor loss;
+    {
+      mt::AutocastGuard autocast(placement.device.type, placement.amp.value_or(mt::DType::bf16),
+                                 placement.amp.has_value());
+      loss = model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device));
+    }
+    optimizer.zero_grad();
+    scaler.scale(loss).backward();
+    if (flags.grad_clip > 0) {
+      scaler.unscale_(optimizer);
+      mt::clip_grad_norm_(params, flags.grad_clip);
+    }
+    scaler.step(optimizer);
+    scaler.update();
+    const double lr = schedule.last_lr();
+    schedule.step();
+
+    if (step == 1 || step % flags.log_every == 0 || step == flags.steps) {
+      const double value = loss.item();  // the only read-back of a step, and only when logging
+      if (!std::isfinite(value) && !fp16) {
+        throw mt::Error(tag + ": the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
+                        "; lower --lr or check the data");
+      }
+      if (step == 1) result.first_loss = value;
+      result.last_loss = value;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double tokens = static_cast<double>(step * flags.batch_size * flags.seq_len);
+      const std::string scale = fp16 ? std::to_string(static_cast<int64_t>(scaler.get_scale())) : "off";
+      std::printf("%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s | eta %s\n", tag.c_str(),
+                  static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
+                  with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
+                  duration_text(seconds / static_cast<double>(step) * static_cast<double>(flags.steps - step)).c_str());
+      std::fflush(stdout);
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!flags.val_data.empty()) {
+    const mt::data::TokenFile val(flags.val_data);
+    result.val_loss = evaluate(model, val, flags.batch_size, flags.seq_len, flags.eval_batches, placement);
+    std::printf("%s: validation loss %.4f (%s)\n", tag.c_str(), *result.val_loss, flags.val_data.c_str());
+  }
+  return result;
+}
+
+// ------------------------------------------------------------------ text
+
+std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int64_t new_tokens, double temperature,
+                        int64_t top_k, uint64_t seed) {
+  const mt::data::ByteTokenizer tokenizer;
+  const std::vector<uint16_t> encoded = tokenizer.encode(prompt);
+  std::vector<int64_t> ids(encoded.begin(), encoded.end());
+  mt::Generator generator(seed);
+  const std::vector<int64_t> out =
+      mt::nn::generate(model, ids, mt::nn::GenerateOptions{new_tokens, temperature, top_k}, &generator);
+  std::string text;
+  for (unsigned char c : tokenizer.decode(out)) {
+    if (c == '\n' || c == '\t' || (c >= 0x20 && c != 0x7f)) {
+      text += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      text += buf;
+    }
+  }
+  return text;
+}
+
+}  // namespace gpt_example
