@@ -31,10 +31,13 @@ else
   model=(--layers 4 --heads 4 --embd 128) seq=64 batch=16 pre_steps=300 lora_steps=150
 fi
 
-generator=()  # Ninja only for a fresh build folder (see tools/test.sh)
-if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+fresh=()  # for a new build folder: Ninja when there is one, and a build type (see tools/test.sh)
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  fresh=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  if command -v ninja >/dev/null; then fresh+=(-G Ninja); fi
+fi
 read -r -a extra <<<"${MT_CMAKE_ARGS:-}"
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${config[@]}" "${extra[@]}" >/dev/null
+cmake -S . -B "$build" "${fresh[@]}" "${config[@]}" "${extra[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)" --target gpt_tokenize gpt_train gpt_lora gpt_generate
 echo "demo.sh: built in $((SECONDS - start)) s"
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds and tests on the GPU machine. Run from the repository root there:
-#   tools/device_check.sh [--sanitize] [--bench]
+#   tools/device_check.sh [--sanitize] [--bench] [--parity] [--demo]
 # (the sanitizer ignores API error codes: the out-of-memory test provokes them on purpose)
 #     --sanitize  also run every *_tests executable under compute-sanitizer memcheck
 #     --bench     also run tools/bench/run_all.sh
+#     --parity    also run the PyTorch parity scripts in tools/parity/
+#     --demo      also run the main job, tools/demo.sh, on the GPU
 # That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
 # everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
 # Full logs go to $OUT (default build-device/); the screen gets a short report whose LAST line is
@@ -12,12 +14,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
 
-sanitize=0 bench=0
+sanitize=0 bench=0 parity=0 demo=0
 for arg in "$@"; do
   case "$arg" in
     --sanitize) sanitize=1 ;;
     --bench) bench=1 ;;
-    *) echo "usage: tools/device_check.sh [--sanitize] [--bench]" >&2; exit 2 ;;
+    --parity) parity=1 ;;
+    --demo) demo=1 ;;
+    *) echo "usage: tools/device_check.sh [--sanitize] [--bench] [--parity] [--demo]" >&2; exit 2 ;;
   esac
 done
 
@@ -98,6 +102,23 @@ if ((bench)); then
   fi
 fi
 
+parity_rc=0
+if ((parity)); then
+  python3 tools/parity/gpt2_parity.py --bin "$build/tools/gpt_logits" --device cuda --workdir "$build/parity" \
+    >"$out/parity.log" 2>&1 || parity_rc=$?
+  grep -E '^(transformers|base logits|LoRA logits|trainable params|gpt2_parity)' "$out/parity.log" || tail -n 20 "$out/parity.log"
+  ((parity_rc == 0)) || echo "parity: FAILED (exit $parity_rc, log: $out/parity.log)"
+fi
+
+demo_rc=0
+if ((demo)); then
+  demo_start=$SECONDS
+  MT_SETUP_SKIP=1 MT_BUILD_DIR="$build" tools/demo.sh >"$out/demo.log" 2>&1 || demo_rc=$?
+  grep -E 'step .*/|validation loss|trainable params|loss .* -> |done in' "$out/demo.log" | tail -n 30
+  echo "demo: $((SECONDS - demo_start)) s (full log: $out/demo.log)"
+  ((demo_rc == 0)) || { tail -n 20 "$out/demo.log"; echo "demo: FAILED (exit $demo_rc)"; }
+fi
+
 # ctest lists failed and skipped tests in tab-indented blocks after these headers.
 awk '/^The following tests (FAILED|did not run):/ {p = 1; print; next} p && /^\t/ {print; next} {p = 0}' \
   "$out/ctest.log"
@@ -108,4 +129,4 @@ if [[ -z "$summary" ]]; then
 fi
 echo "$summary"
 
-((ctest_rc == 0 && sanitize_rc == 0 && bench_rc == 0))
+((ctest_rc == 0 && sanitize_rc == 0 && bench_rc == 0 && parity_rc == 0 && demo_rc == 0))
