@@ -23,7 +23,7 @@ if [[ $device == cuda ]]; then
   build="${MT_BUILD_DIR:-build}"
   config=(-DMT_ENABLE_CUDA=ON)
   # model and run sizes: layers heads width, sequence length, batch, steps (pretrain, LoRA)
-  model=(--layers 6 --heads 8 --embd 384) seq=256 batch=32 pre_steps=1500 lora_steps=400
+  model=(--layers 6 --heads 8 --embd 384 --dropout 0.1) seq=256 batch=32 pre_steps=600 lora_steps=300
 else
   # Without a GPU the CUDA code would be built for nothing: build the CPU-only library.
   build="${MT_BUILD_DIR:-build-cpu-only}"

@@ -72,7 +72,6 @@ def main():
          "--r", "8", "--alpha", "16", "--targets", "c_attn,c_proj,c_fc", "--seed", "1"])
     ours_lora = load_file(os.path.join(work, "lora_logits.safetensors"))["logits"].double()
     peft_model = PeftModel.from_pretrained(model, adapter).eval()
-    peft_model.print_trainable_parameters()
     with torch.no_grad():
         theirs_lora = peft_model(ids.to(args.device)).logits.double().cpu()
     lora_error = relative_error(ours_lora, theirs_lora)
