@@ -38,6 +38,15 @@ std::string duration_text(double seconds) {
   return buf;
 }
 
+// " | peak mem 12.34 GiB" on a GPU (the allocator's high-water mark since training began).
+std::string peak_memory_text(const mt::Device& device) {
+  if (!device.is_cuda()) return "";
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), " | peak mem %.2f GiB",
+                static_cast<double>(mt::cuda::memory_stats(device.index).peak_allocated) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ flags
@@ -87,6 +96,10 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--log-every", log_every, "steps between progress lines")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint", checkpoint,
+                 "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), or selective "
+                 "(recompute attention only)")
+      ->capture_default_str();
   app.add_option("--eval-batches", eval_batches, "validation batches")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -120,6 +133,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   MT_CHECK(flags.seq_len <= model.config().n_positions, tag, ": --seq-len ", flags.seq_len,
            " exceeds the model's n_positions ", model.config().n_positions);
   mt::data::TokenBatcher batcher(data, mt::data::BatcherOptions(flags.batch_size, flags.seq_len).seed(flags.seed));
+  const mt::nn::GPTCheckpointing checkpointing = mt::nn::GPTCheckpointing::parse(flags.checkpoint);
+  model.set_checkpointing(checkpointing);
 
   mt::AdamW optimizer(params, mt::AdamWOptions(flags.lr).weight_decay(flags.weight_decay));
   mt::WarmupCosineLR schedule(optimizer, std::min(flags.warmup, flags.steps), flags.steps, flags.min_lr_ratio);
@@ -127,10 +142,12 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   const bool fp16 = placement.amp == mt::DType::f16;
   mt::GradScaler scaler(placement.device, mt::GradScalerOptions().enabled(fp16));
 
-  std::printf("%s: %s tokens in %s, %lld batches of %lldx%lld per epoch, %lld steps on %s\n", tag.c_str(),
-              with_commas(data.size()).c_str(), flags.data.c_str(), static_cast<long long>(batcher.batches_per_epoch()),
-              static_cast<long long>(flags.batch_size), static_cast<long long>(flags.seq_len),
-              static_cast<long long>(flags.steps), placement.describe().c_str());
+  std::printf("%s: %s tokens in %s, %lld batches of %lldx%lld per epoch, %lld steps on %s, checkpointing %s\n",
+              tag.c_str(), with_commas(data.size()).c_str(), flags.data.c_str(),
+              static_cast<long long>(batcher.batches_per_epoch()), static_cast<long long>(flags.batch_size),
+              static_cast<long long>(flags.seq_len), static_cast<long long>(flags.steps), placement.describe().c_str(),
+              checkpointing.str().c_str());
+  if (placement.device.is_cuda()) mt::cuda::reset_peak_memory(placement.device.index);
   std::fflush(stdout);
 
   TrainResult result;
@@ -166,9 +183,10 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double tokens = static_cast<double>(step * flags.batch_size * flags.seq_len);
       const std::string scale = fp16 ? std::to_string(static_cast<int64_t>(scaler.get_scale())) : "off";
-      std::printf("%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s | eta %s\n", tag.c_str(),
+      std::printf("%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
                   static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
                   with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
+                  peak_memory_text(placement.device).c_str(),
                   duration_text(seconds / static_cast<double>(step) * static_cast<double>(flags.steps - step)).c_str());
       std::fflush(stdout);
     }

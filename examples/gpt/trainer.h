@@ -46,6 +46,7 @@ struct TrainFlags {
   uint64_t seed = 1337;
   int64_t log_every = 25;
   int64_t eval_batches = 8;
+  std::string checkpoint = "off";  // GPTCheckpointing::parse
   void add_to(CLI::App& app, const std::string& data_help);
 };
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
 #include "core/safetensors.h"
@@ -145,6 +146,42 @@ std::string GPTConfig::to_json() const {
   return j.dump(2) + "\n";
 }
 
+// ------------------------------------------------------------------ checkpointing
+
+GPTCheckpointing GPTCheckpointing::parse(const std::string& text) {
+  GPTCheckpointing c;
+  if (text == "off" || text == "none") return c;
+  if (text == "selective") {
+    c.mode = Mode::selective;
+    return c;
+  }
+  if (text.rfind("blocks", 0) == 0) {
+    c.mode = Mode::blocks;
+    if (text.size() == 6) return c;
+    if (text[6] == ':') {
+      try {
+        size_t used = 0;
+        c.every = std::stoll(text.substr(7), &used);
+        if (used == text.size() - 7 && c.every >= 1) return c;
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  throw Error("checkpointing: '" + text + "' is not one of off, blocks, blocks:K (K >= 1) or selective");
+}
+
+std::string GPTCheckpointing::str() const {
+  switch (mode) {
+    case Mode::off:
+      return "off";
+    case Mode::selective:
+      return "selective";
+    case Mode::blocks:
+      return every == 1 ? "blocks" : "blocks:" + std::to_string(every);
+  }
+  return "?";
+}
+
 // ------------------------------------------------------------------ model
 
 GPTBody::GPTBody(const GPTConfig& config, Generator* generator) : dropout(config.dropout) {
@@ -165,7 +202,12 @@ Tensor GPTBody::forward(const Tensor& ids) const {
   const Tensor positions = arange(T, TensorOptions(DType::i64).device(ids.device()));  // [T]
   Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
   x = mt::dropout(x, dropout, is_training());
-  for (const auto& block : blocks) x = block->forward(x);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::shared_ptr<Block>& block = blocks[i];
+    const bool recompute =
+        checkpointing.mode == GPTCheckpointing::Mode::blocks && static_cast<int64_t>(i) % checkpointing.every == 0;
+    x = recompute ? checkpoint([block](const Tensor& t) { return block->forward(t); }, x) : block->forward(x);
+  }
   return ln_f->forward(x);
 }
 
@@ -183,6 +225,14 @@ GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {
     const bool residual = ends_with(name, ".c_proj.weight");
     p.copy_(
         mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), residual ? residual_std : 0.02));
+  }
+}
+
+void GPT::set_checkpointing(const GPTCheckpointing& checkpointing) {
+  MT_CHECK(checkpointing.every >= 1, "GPT::set_checkpointing: every must be >= 1, got ", checkpointing.every);
+  transformer->checkpointing = checkpointing;
+  for (const auto& block : transformer->blocks) {
+    block->attn->recompute_attention = checkpointing.mode == GPTCheckpointing::Mode::selective;
   }
 }
 

@@ -40,6 +40,20 @@ struct GPTConfig {
   std::string to_json() const;
 };
 
+// Gradient checkpointing of the blocks (autograd/checkpoint.h), set by GPT::set_checkpointing:
+//   off        every activation is kept
+//   blocks     every `every`-th block keeps only its input and is recomputed in backward
+//              (every = 1: all blocks; the most memory saved, one extra forward of the blocks)
+//   selective  each block keeps its GEMM outputs and recomputes only the attention core, whose
+//              [B, H, T, T] scores and probabilities dominate memory at long T (Korthikanti et al. 2022)
+struct GPTCheckpointing {
+  enum class Mode { off, blocks, selective };
+  Mode mode = Mode::off;
+  int64_t every = 1;
+  static GPTCheckpointing parse(const std::string& text);  // "off", "blocks", "blocks:K", "selective"
+  std::string str() const;
+};
+
 // The body: HF's GPT2Model, registered as "transformer".
 class GPTBody : public Module {
  public:
@@ -51,6 +65,7 @@ class GPTBody : public Module {
   std::vector<std::shared_ptr<Block>> blocks;  // h's children, typed
   std::shared_ptr<LayerNorm> ln_f;
   double dropout;
+  GPTCheckpointing checkpointing;
 };
 
 class GPT : public Module {
@@ -62,6 +77,7 @@ class GPT : public Module {
   Tensor forward(const Tensor& ids) const;                      // [B, T] -> logits [B, T, V]
   Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over [B, T]
   const GPTConfig& config() const { return config_; }
+  void set_checkpointing(const GPTCheckpointing& checkpointing);
 
   // A Hugging Face GPT-2 directory: config.json and model.safetensors.
   static std::shared_ptr<GPT> from_pretrained(const std::string& dir);

@@ -1,5 +1,6 @@
 #include "ops/nn/transformer.h"
 
+#include "autograd/checkpoint.h"
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
@@ -31,8 +32,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
   const std::vector<Tensor> qkv = split(c_attn->forward(x), C, /*dim=*/2);                       // 3 x [B, T, C]
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, D}), 1, 2); };  // [B, H, T, D]
-  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true,
-                                                is_training() ? dropout : 0.0);  // [B, H, T, D]
+  const double p = is_training() ? dropout : 0.0;
+  auto attend = [p](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{scaled_dot_product_attention(in[0], in[1], in[2], /*causal=*/true, p)};
+  };
+  const std::vector<Tensor> q_k_v = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
+  const Tensor y = recompute_attention ? checkpoint(attend, q_k_v)[0] : attend(q_k_v)[0];  // [B, H, T, D]
   const Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});
   return mt::dropout(c_proj->forward(merged), dropout, is_training());
 }

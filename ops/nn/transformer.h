@@ -46,6 +46,9 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> c_proj;         // [C, C]
   int64_t n_head;
   double dropout;
+  // Selective recomputation: keep q, k, v and the output, recompute the attention core
+  // (scores, softmax, dropout: the [B, H, T, T] tensors) in backward.
+  bool recompute_attention = false;
 };
 
 class Block : public Module {

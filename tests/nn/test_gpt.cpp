@@ -255,6 +255,60 @@ TEST(GPT, LoraMergeAndUnloadGivesAPlainModelWithTheAdaptersEffect) {
   EXPECT_LE(worst, 1e-5 * scale);  // f32: the merged weight is rounded once
 }
 
+// Loss and every parameter's gradient after one backward, in training mode with dropout.
+std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpointing, Device device) {
+  GPTConfig c = tiny_config();
+  c.n_layer = 3;
+  c.dropout = 0.2;
+  Generator g(31);
+  GPT model(c, &g);
+  model.to(device);
+  model.set_checkpointing(checkpointing);
+  manual_seed(77);  // the dropout masks
+  const Tensor ids = random_ids(2, 16, c.vocab_size, 32).to(device);
+  const Tensor loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
+  loss.backward();
+  std::vector<std::vector<double>> out = {{loss.item()}};
+  for (const auto& [name, p] : model.named_parameters()) out.push_back(values(p.grad()));
+  return out;
+}
+
+TEST(GPT, CheckpointingGivesBitIdenticalGradientsWithDropout) {
+  const auto plain = gradients_with(GPTCheckpointing{}, kCPU);
+  for (const char* mode : {"blocks", "blocks:2", "selective"}) {
+    EXPECT_EQ(gradients_with(GPTCheckpointing::parse(mode), kCPU), plain) << mode;
+  }
+}
+
+TEST(GPT, CheckpointingModesParseAndBadOnesAreNamed) {
+  EXPECT_EQ(GPTCheckpointing::parse("blocks:3").every, 3);
+  EXPECT_EQ(GPTCheckpointing::parse("selective").str(), "selective");
+  EXPECT_EQ(GPTCheckpointing::parse("off").mode, GPTCheckpointing::Mode::off);
+  for (const char* bad : {"blocks:0", "blocks:x", "block", "all", "blocks:2x"}) {
+    EXPECT_NE(error_message_of([&] { GPTCheckpointing::parse(bad); }).find(std::string("'") + bad + "' is not one of"),
+              std::string::npos)
+        << bad;
+  }
+}
+
+TEST(GPT, CudaCheckpointingMatchesWithinF32Rounding) {
+  MT_SKIP_WITHOUT_CUDA();
+  const auto plain = gradients_with(GPTCheckpointing{}, Device("cuda"));
+  for (const char* mode : {"blocks", "selective"}) {
+    const auto ckpt = gradients_with(GPTCheckpointing::parse(mode), Device("cuda"));
+    ASSERT_EQ(ckpt.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      double num = 0, den = 0;
+      for (size_t j = 0; j < plain[i].size(); ++j) {
+        num += (plain[i][j] - ckpt[i][j]) * (plain[i][j] - ckpt[i][j]);
+        den += plain[i][j] * plain[i][j];
+      }
+      // Embedding's CUDA backward adds with atomics, in no fixed order: equal up to f32 rounding.
+      EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-6) << mode << " tensor " << i;
+    }
+  }
+}
+
 TEST(GPT, CudaMatchesCpu) {
   MT_SKIP_WITHOUT_CUDA();
   const GPTConfig c = tiny_config();

@@ -1,0 +1,42 @@
+// Gradient checkpointing: trade compute for activation memory.
+//
+//   auto out = mt::checkpoint([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{block->forward(in[0])};
+//   },
+//                             {x});
+//
+// The forward runs `fn` without recording a graph and keeps only the inputs, the random
+// generators' positions (every device's default Philox generator) and the autocast state.
+// When backward reaches the segment it re-runs `fn` with recording, under those saved
+// states, and back-propagates through the recomputation: dropout draws the same masks, so
+// the gradients equal those without checkpointing bit for bit on the CPU. After the
+// recomputation the generators are put back where they were, so later draws do not change.
+//
+// - Parameters that `fn` uses (captured, not passed) receive their gradients in that inner
+//   backward, through their usual accumulators: post-accumulate hooks fire once per use.
+// - Inputs need not require grad (frozen LoRA bases, embeddings of a frozen model): the
+//   outputs require grad whenever grad mode is on, so backward still reaches the segment
+//   and the parameters inside it.
+// - Segments nest: a checkpoint inside `fn` records nothing in the outer forward and is
+//   itself checkpointed in the recomputation.
+// - `fn` must be deterministic in its shapes and dtypes: a recomputation whose output
+//   differs raises an error naming the output, both shapes and both dtypes.
+// - Inputs must not be modified in place between forward and backward (caught, as for any
+//   saved tensor).
+// Under NoGradGuard (evaluation) checkpoint just calls fn.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt {
+
+using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
+
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+
+// One tensor in, one out.
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+}  // namespace mt
