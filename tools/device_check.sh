@@ -94,7 +94,7 @@ fi
 bench_rc=0
 if ((bench)); then
   if [[ -f tools/bench/run_all.sh ]]; then
-    bash tools/bench/run_all.sh >"$out/bench.log" 2>&1 || bench_rc=$?
+    BUILD="$build" bash tools/bench/run_all.sh >"$out/bench.log" 2>&1 || bench_rc=$?
     tail -n 40 "$out/bench.log"
     ((bench_rc == 0)) || echo "bench: FAILED (exit $bench_rc, log: $out/bench.log)"
   else
