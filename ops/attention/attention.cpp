@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "ops/common.h"
@@ -20,12 +23,23 @@ namespace {
 constexpr const char* kOp = "scaled_dot_product_attention";
 
 // [Tq, Tk] bool, true above the diagonal (key j > query i): the positions causal attention hides.
+// Built on the host once per (Tq, Tk, device), then reused: every layer of every step asks for
+// the same mask, and building and copying it each time cost milliseconds. The cache is never
+// destroyed (a few masks of Tq*Tk bytes): freeing device memory during static destruction,
+// after the CUDA runtime may have shut down, would fail.
 Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
-  std::vector<double> hidden(static_cast<size_t>(tq * tk));
-  for (int64_t i = 0; i < tq; ++i) {
-    for (int64_t j = 0; j < tk; ++j) hidden[static_cast<size_t>(i * tk + j)] = j > i ? 1.0 : 0.0;
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::tuple<int64_t, int64_t, int, int>, Tensor>();
+  std::lock_guard<std::mutex> lock(mutex);
+  Tensor& mask = (*cache)[{tq, tk, static_cast<int>(device.type), device.index}];
+  if (!mask.defined()) {
+    std::vector<double> hidden(static_cast<size_t>(tq * tk));
+    for (int64_t i = 0; i < tq; ++i) {
+      for (int64_t j = 0; j < tk; ++j) hidden[static_cast<size_t>(i * tk + j)] = j > i ? 1.0 : 0.0;
+    }
+    mask = raw::to(from_vector(hidden, {tq, tk}, DType::boolean), device);
   }
-  return raw::to(from_vector(hidden, {tq, tk}, DType::boolean), device);
+  return mask;
 }
 
 }  // namespace
@@ -54,6 +68,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              ops::describe(q));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
 
+  // The inputs were cast once above; the ops inside keep that dtype, as a fused kernel would:
+  // softmax accumulates in f32 but its [B, H, Tq, Tk] output stays in the inputs' dtype
+  // (under autocast's own policy it would be f32, twice the memory, then cast back for attn v).
+  AutocastGuard keep_dtype(q.device().type, /*enabled=*/false);
   Tensor scores = mul(matmul(q, k.transpose(2, 3)), s);  // [B, H, Tq, Tk]
   if (causal) {
     scores =
