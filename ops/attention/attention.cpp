@@ -3,12 +3,18 @@
 #include "autograd/autocast.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "autograd/function.h"
+#include "core/random.h"
+#include "ops/attention/attention_cudnn.h"
 #include "ops/common.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
@@ -42,6 +48,43 @@ Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
   return mask;
 }
 
+// Printed once per reason: the reference on a GPU holds [B, H, Tq, Tk] scores and is slow.
+void warn_reference_once(const std::string& reason) {
+  static std::mutex mutex;
+  static auto* warned = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned->insert(reason).second) return;
+  std::fprintf(stderr,
+               "mixtrain: warning: %s: cuDNN fused attention cannot serve %s; using the unfused reference, which "
+               "keeps the [B, H, Tq, Tk] scores in memory\n",
+               kOp, reason.c_str());
+}
+
+// cuDNN's flash attention, forward and backward (ops/attention/attention_cudnn.h). The
+// backward saves q, k, v, the output and the row statistics: O(T) memory, not O(T^2).
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p, double scale) {
+  ops::CudnnSdpaProblem problem{causal, dropout_p, scale, 0, 0};
+  if (dropout_p > 0.0) {
+    Generator& generator = default_generator(q.device());
+    problem.seed = generator.seed();
+    problem.offset = generator.advance(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)));
+  }
+  ops::CudnnSdpaForward forward = ops::cudnn_sdpa_forward(q, k, v, problem);
+  if (autograd::needs_grad({q, k, v})) {
+    auto node = std::make_shared<autograd::LambdaNode>(
+        "ScaledDotProductAttentionBackward(cuDNN)",
+        [problem](const std::vector<Tensor>& grads, const autograd::LambdaNode& self) {
+          const auto g = ops::cudnn_sdpa_backward(self.unpack(0), self.unpack(1), self.unpack(2), self.unpack(3),
+                                                  grads[0], self.unpack(4), problem);
+          return std::vector<Tensor>{g[0], g[1], g[2]};
+        });
+    node->saved = {autograd::SavedTensor(q), autograd::SavedTensor(k), autograd::SavedTensor(v),
+                   autograd::SavedTensor(forward.out), autograd::SavedTensor(forward.stats)};
+    autograd::record(node, {q, k, v}, {forward.out});
+  }
+  return forward.out;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
@@ -67,6 +110,12 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   MT_CHECK_T(ShapeError, scale.has_value() || q.size(3) > 0, kOp, ": the default scale 1/sqrt(D) needs D > 0, got q ",
              ops::describe(q));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+
+  if (q.is_cuda()) {
+    const std::string unsupported = ops::cudnn_sdpa_unsupported(q, k, v);
+    if (unsupported.empty()) return fused_attention(q, k, v, causal, dropout_p, s);
+    warn_reference_once(unsupported);
+  }
 
   // The inputs were cast once above; the ops inside keep that dtype, as a fused kernel would:
   // softmax accumulates in f32 but its [B, H, Tq, Tk] output stays in the inputs' dtype

@@ -1,4 +1,4 @@
-// Scaled dot-product attention, the reference (unfused) implementation.
+// Scaled dot-product attention: cuDNN flash attention on the GPU, a reference composite elsewhere.
 //
 //   q   // [B, H, Tq, D]
 //   k   // [B, H, Tk, D]
@@ -11,10 +11,13 @@
 //          (always applied when asked: there is no training flag, as in PyTorch)
 //   out = attn v
 //
-// Composed of differentiable ops (matmul, masked_fill, softmax, dropout), so it
-// needs no backward of its own and materialises the [B, H, Tq, Tk] scores. It
-// runs in the inputs' dtype: matmul accumulates in f32 and softmax upcasts
-// internally. q, k and v must share one dtype and one device.
+// On CUDA, for f16/bf16 with head size D = Dv a multiple of 8 up to 128 (sm_80 and newer),
+// it runs cuDNN's fused flash attention (ops/attention/attention_cudnn.h): O(T) memory, the
+// scores never stored, dropout drawn by cuDNN's Philox from the device generator's (seed,
+// offset). Otherwise (the CPU, f32/f64, other head sizes) it runs the reference composite of
+// differentiable ops (matmul, masked_fill, softmax, dropout), which materialises the
+// [B, H, Tq, Tk] scores; on a GPU that fallback prints a warning once per reason. Both run
+// in the inputs' dtype, accumulating in f32. q, k and v must share one dtype and one device.
 #pragma once
 
 #include <optional>

@@ -26,6 +26,7 @@
 #include "core/dispatch.h"
 #include "ops/backends.h"
 #include "ops/conv/conv_kernels.h"
+#include "ops/cuda/cudnn_handle.h"
 
 namespace mt::ops {
 
@@ -153,38 +154,6 @@ struct ConvDescriptors {
         conv(types, g) {}
 };
 
-// ---- the handle ----
-
-// One handle per device, created on first use. Never destroyed: a handle torn
-// down during static destruction could outlive the CUDA context.
-struct HandleSlot {
-  std::once_flag created;
-  cudnnHandle_t handle = nullptr;
-  std::mutex in_use;  // cudnnSetStream + the call must not interleave across threads
-};
-
-HandleSlot& handle_slot(int device) {
-  static const int count = cuda::device_count();
-  static HandleSlot* slots = new HandleSlot[static_cast<size_t>(count > 0 ? count : 1)];
-  MT_INTERNAL_ASSERT(device >= 0 && device < count, "cuda:", device, " of ", count);
-  return slots[device];
-}
-
-// The device's handle, bound to its current stream and held for the scope.
-// Construct it after the DeviceGuard: the handle is created on the current device.
-class CudnnHandle {
- public:
-  explicit CudnnHandle(int device) : slot_(handle_slot(device)), lock_(slot_.in_use) {
-    std::call_once(slot_.created, [this] { MT_CUDNN_CHECK(cudnnCreate(&slot_.handle)); });
-    MT_CUDNN_CHECK(cudnnSetStream(slot_.handle, cuda::current_stream(device).handle()));
-  }
-  cudnnHandle_t get() const { return slot_.handle; }
-
- private:
-  HandleSlot& slot_;
-  std::lock_guard<std::mutex> lock_;
-};
-
 // alpha = 1 and beta = 0 (overwrite the output), as cuDNN reads them: double for
 // double data, float otherwise.
 class Scaling {
@@ -197,22 +166,6 @@ class Scaling {
   bool wide_;
   double one_d_ = 1.0, zero_d_ = 0.0;
   float one_f_ = 1.0f, zero_f_ = 0.0f;
-};
-
-// Scratch memory for one cuDNN call, from the stream-ordered pool (freed on the
-// same stream once the call's work is queued).
-class Workspace {
- public:
-  Workspace(size_t bytes, Device device)
-      : buffer_(bytes ? empty({static_cast<int64_t>(bytes)}, TensorOptions().dtype(DType::u8).device(device))
-                      : Tensor()),
-        bytes_(bytes) {}
-  void* data() const { return bytes_ ? buffer_.data_ptr() : nullptr; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  Tensor buffer_;
-  size_t bytes_;
 };
 
 void check_int_sized(const char* op, const Tensor& t) {
@@ -274,7 +227,7 @@ void conv2d_forward_cuda(const Tensor& y, const Tensor& x, const Tensor& w, cons
   size_t bytes = 0;
   MT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle.get(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
                                                          perf.algo, &bytes));
-  const Workspace workspace(bytes, x.device());
+  const CudnnWorkspace workspace(bytes, x.device());
   const Scaling s(d.types.data);
   MT_CUDNN_CHECK(cudnnConvolutionForward(handle.get(), s.one(), d.x.get(), x.data_ptr(), d.w.get(), w.data_ptr(),
                                          d.conv.get(), perf.algo, workspace.data(), workspace.bytes(), s.zero(),
@@ -296,7 +249,7 @@ void conv2d_backward_input_cuda(const Tensor& dx, const Tensor& dy, const Tensor
   size_t bytes = 0;
   MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle.get(), d.w.get(), d.y.get(), d.conv.get(),
                                                               d.x.get(), perf.algo, &bytes));
-  const Workspace workspace(bytes, w.device());
+  const CudnnWorkspace workspace(bytes, w.device());
   const Scaling s(d.types.data);
   MT_CUDNN_CHECK(cudnnConvolutionBackwardData(handle.get(), s.one(), d.w.get(), w.data_ptr(), d.y.get(), dy.data_ptr(),
                                               d.conv.get(), perf.algo, workspace.data(), workspace.bytes(), s.zero(),
@@ -319,7 +272,7 @@ void conv2d_backward_weight_cuda(const Tensor& dw, const Tensor& dy, const Tenso
   size_t bytes = 0;
   MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle.get(), d.x.get(), d.y.get(), d.conv.get(),
                                                                 d.w.get(), perf.algo, &bytes));
-  const Workspace workspace(bytes, x.device());
+  const CudnnWorkspace workspace(bytes, x.device());
   const Scaling s(d.types.data);
   MT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle.get(), s.one(), d.x.get(), x.data_ptr(), d.y.get(),
                                                 dy.data_ptr(), d.conv.get(), perf.algo, workspace.data(),

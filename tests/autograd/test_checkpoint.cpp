@@ -34,7 +34,7 @@ Outcome run(bool use_checkpoint, bool x_requires_grad = true) {
   const Tensor loss = sum(mul(y, y));
   loss.backward();
   Outcome r{values(loss), x_requires_grad ? values(x.grad()) : std::vector<float>{}, values(seg.w.grad()),
-        values(rand({4}))};
+            values(rand({4}))};
   return r;
 }
 
@@ -134,7 +134,8 @@ TEST(Checkpoint, UnderNoGradItJustRunsTheSegment) {
 
 TEST(Checkpoint, IntegerOutputsAreRejected) {
   Tensor x = ones({3}).requires_grad_();
-  const std::string msg = error_message_of([&] { checkpoint([](const Tensor& t) { return cast(t.detach(), DType::i64); }, x); });
+  const std::string msg =
+      error_message_of([&] { checkpoint([](const Tensor& t) { return cast(t.detach(), DType::i64); }, x); });
   EXPECT_NE(msg.find("checkpoint: output 0 is i64"), std::string::npos) << msg;
 }
 

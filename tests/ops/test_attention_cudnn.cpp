@@ -1,0 +1,104 @@
+// cuDNN fused attention on the GPU: against the f64 reference on the CPU, with the
+// heads as strided views of a fused qkv, and dropout whose backward uses the forward's mask.
+#include <cmath>
+
+#include "core/view.h"
+#include "ops/attention/attention.h"
+#include "ops/ops.h"
+#include "tests/test_util.h"
+
+namespace mt {
+namespace {
+
+double relative_l2(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to_vector<double>(), b = want.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Case {
+  DType dtype;
+  bool causal;
+  double tolerance;  // relative L2 against the f64 reference, output and every gradient
+};
+
+TEST(AttentionCudnn, MatchesTheF64ReferenceForwardAndBackward) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda");
+  for (const Case& c : {Case{DType::bf16, false, 2e-2}, Case{DType::bf16, true, 2e-2}, Case{DType::f16, false, 4e-3},
+                        Case{DType::f16, true, 4e-3}}) {
+    Generator gen(3);
+    // B=2, H=4, T=128, D=64; q, k, v as views of one [B, T, 3C] tensor, as a transformer makes them.
+    const Tensor qkv = randn({2, 128, 3 * 256}, DType::f64, &gen);
+    const Tensor grad_out = randn({2, 4, 128, 64}, DType::f64, &gen);
+    auto heads = [](const Tensor& t, int64_t i) {
+      return t.slice(2, i * 256, (i + 1) * 256).reshape({2, 128, 4, 64}).transpose(1, 2);
+    };
+
+    const Tensor ref_qkv = qkv.detach().requires_grad_();
+    const Tensor ref = scaled_dot_product_attention(heads(ref_qkv, 0), heads(ref_qkv, 1), heads(ref_qkv, 2), c.causal);
+    sum(mul(ref, grad_out)).backward();
+
+    const Tensor dev_qkv = qkv.to(c.dtype).to(gpu).detach().requires_grad_();
+    const Tensor out = scaled_dot_product_attention(heads(dev_qkv, 0), heads(dev_qkv, 1), heads(dev_qkv, 2), c.causal);
+    ASSERT_EQ(out.dtype(), c.dtype);
+    sum(mul(out, grad_out.to(c.dtype).to(gpu))).backward();
+
+    const double out_error = relative_l2(out.to(kCPU), ref);
+    const double grad_error = relative_l2(dev_qkv.grad().to(kCPU), ref_qkv.grad());
+    EXPECT_LE(out_error, c.tolerance) << dtype_name(c.dtype) << " causal " << c.causal;
+    EXPECT_LE(grad_error, c.tolerance) << dtype_name(c.dtype) << " causal " << c.causal;
+    std::printf("[ cudnn sdpa ] %s causal=%d: output error %.2e, qkv gradient error %.2e (tolerance %.0e)\n",
+                dtype_name(c.dtype), c.causal, out_error, grad_error, c.tolerance);
+  }
+}
+
+// With v = I (Tk = D), out = dropout(P): the output shows the mask, and dv = out^T dO holds
+// only if the backward dropped exactly what the forward did.
+TEST(AttentionCudnn, DropoutBackwardUsesTheForwardMaskAndReplays) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda");
+  Generator gen(8);
+  const int64_t T = 64;
+  const Tensor q = randn({1, 2, T, T}, DType::bf16, &gen).to(gpu).requires_grad_();
+  const Tensor k = randn({1, 2, T, T}, DType::bf16, &gen).to(gpu).requires_grad_();
+  std::vector<double> eye(static_cast<size_t>(2 * T * T), 0.0);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < T; ++i) eye[static_cast<size_t>(h * T * T + i * T + i)] = 1.0;
+  const Tensor v = from_vector(eye, {1, 2, T, T}, DType::bf16).to(gpu).requires_grad_();
+  const Tensor grad_out = randn({1, 2, T, T}, DType::bf16, &gen).to(gpu);
+
+  Generator& device_generator = default_generator(gpu);
+  const uint64_t offset = device_generator.offset();
+  const Tensor out = scaled_dot_product_attention(q, k, v, /*causal=*/false, /*dropout_p=*/0.3);
+  sum(mul(out, grad_out)).backward();
+
+  const std::vector<double> o = out.to(kCPU).to_vector<double>();
+  int64_t zeros = 0;
+  for (double x : o) zeros += x == 0.0;
+  EXPECT_NEAR(static_cast<double>(zeros) / static_cast<double>(o.size()), 0.3, 0.03);
+
+  // dv[h] = out[h]^T dO[h], in f64 from the bf16 values.
+  const std::vector<double> d = grad_out.to(kCPU).to_vector<double>();
+  const std::vector<double> dv = v.grad().to(kCPU).to_vector<double>();
+  double num = 0, den = 0;
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t j = 0; j < T; ++j) {
+      for (int64_t c = 0; c < T; ++c) {
+        double want = 0;
+        for (int64_t i = 0; i < T; ++i) want += o[h * T * T + i * T + j] * d[h * T * T + i * T + c];
+        const double got = dv[static_cast<size_t>(h * T * T + j * T + c)];
+        num += (got - want) * (got - want), den += want * want;
+      }
+    }
+  }
+  EXPECT_LE(std::sqrt(num / den), 2e-2);
+
+  device_generator.set_offset(offset);  // the same (seed, offset): the same mask, bit for bit
+  EXPECT_EQ(scaled_dot_product_attention(q, k, v, false, 0.3).to(kCPU).to_vector<double>(), o);
+  EXPECT_NE(scaled_dot_product_attention(q, k, v, false, 0.3).to(kCPU).to_vector<double>(), o);
+}
+
+}  // namespace
+}  // namespace mt
