@@ -80,7 +80,14 @@ void check_target_values(const Tensor& target, int64_t classes, int64_t ignore_i
 }  // namespace
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, Reduction reduction) {
-  const Tensor logits = autocast::cast_input("cross_entropy", input);  // every loss in f32
+  // Autocast's policy for losses is f32 (autograd/autocast_policy.cpp). The kernels already
+  // widen f16/bf16 logits to f32 as they read them and return an f32 loss, so only f32 inputs
+  // go through the policy's cast (a no-op for them): casting low-precision logits first would
+  // give the same numbers (widening is exact) but an f32 copy of the [N, V] logits, saved for
+  // backward, and an f32 gradient of that size too.
+  const Tensor logits = input.dtype() == DType::f16 || input.dtype() == DType::bf16
+                            ? input
+                            : autocast::cast_input("cross_entropy", input);
   validate(logits, target);
   const ClassLastLayout layout = class_last_layout(logits);
   // [rows, C] and [rows], contiguous (views when the inputs already are).

@@ -237,3 +237,32 @@ TEST(AutocastCache, ClearedWhenTheOutermostRegionExits) {
 
 }  // namespace
 }  // namespace mt
+
+namespace mt {
+namespace {
+
+// cross_entropy reads f16/bf16 logits directly (no f32 copy of [N, V]); widening is exact,
+// so loss and gradient equal those of the cast-to-f32 route bit for bit.
+TEST(Autocast, CrossEntropyOnLowPrecisionLogitsEqualsTheF32Route) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    Generator gen(12);
+    const Tensor base = randn({8, 50}, DType::f32, &gen).to(low);
+    const Tensor target = from_vector({1, 4, 9, 49, 0, 3, 3, 17}, {8}, DType::i64);
+    const Tensor direct = base.detach().requires_grad_(), routed = base.detach().requires_grad_();
+    Tensor a;
+    {
+      AutocastGuard amp(DeviceType::cpu, low);
+      a = cross_entropy(direct, target);
+    }
+    const Tensor b = cross_entropy(cast(routed, DType::f32), target);
+    EXPECT_EQ(a.dtype(), DType::f32);
+    EXPECT_EQ(a.item(), b.item()) << dtype_name(low);
+    a.backward();
+    b.backward();
+    EXPECT_EQ(direct.grad().dtype(), low);
+    EXPECT_EQ(direct.grad().to_vector<float>(), routed.grad().to_vector<float>()) << dtype_name(low);
+  }
+}
+
+}  // namespace
+}  // namespace mt
