@@ -1,0 +1,114 @@
+// DistributedDataParallel: every rank holds the same model, computes gradients on its own
+// shard of the batch, and the gradients are averaged over the ranks during backward.
+//
+//   auto& group = mt::dist::ProcessGroup::init();
+//   mt::dist::DistributedDataParallel ddp(model, group);   // checks and broadcasts rank 0's weights
+//   for (...) {
+//     ddp.zero_grad();                  // instead of optimizer.zero_grad()
+//     model.loss(x, y).backward();      // buckets are all-reduced as their gradients become ready
+//     ddp.synchronize();                // waits for the last bucket; reports unused parameters
+//     optimizer.step();
+//   }
+//
+// Trainable parameters (frozen ones cost nothing) are packed, in reverse registration order
+// (roughly the order backward produces their gradients), into buckets of one dtype and device:
+// the first up to first_bucket_mb, the others up to bucket_cap_mb. Each parameter's grad is a
+// view into its bucket, so all-reducing the bucket needs no copy. A post-accumulate hook marks a
+// parameter ready; a bucket whose parameters are all ready is all-reduced (averaged), buckets
+// strictly in index order so that every rank issues the same collectives in the same order. On
+// CUDA the reduction runs on the communicator's own stream, ordered by events.
+// no_sync() lets gradients accumulate locally over micro-batches; the next synchronised
+// backward reduces the sum.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "distributed/process_group.h"
+#include "ops/nn/module.h"
+
+namespace mt::dist {
+
+class DDPOptions {
+ public:
+  DDPOptions& bucket_cap_mb(double mb) {
+    bucket_cap_mb_ = mb;
+    return *this;
+  }
+  DDPOptions& first_bucket_mb(double mb) {
+    first_bucket_mb_ = mb;
+    return *this;
+  }
+  // Parameters that get no gradient in a step are all-reduced as zeros instead of raising an error.
+  DDPOptions& find_unused_parameters(bool on) {
+    find_unused_ = on;
+    return *this;
+  }
+  double bucket_cap_mb() const { return bucket_cap_mb_; }
+  double first_bucket_mb() const { return first_bucket_mb_; }
+  bool find_unused_parameters() const { return find_unused_; }
+
+ private:
+  double bucket_cap_mb_ = 25.0;
+  double first_bucket_mb_ = 1.0;
+  bool find_unused_ = false;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(nn::Module& module, ProcessGroup& group, const DDPOptions& options = {});
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  void zero_grad();    // zeroes the buckets and points every grad at its slice
+  void synchronize();  // after backward: every bucket reduced; throws naming unused parameters
+
+  // While alive, backward accumulates gradients locally (no communication).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp) { ddp_.no_sync_ = true; }
+    ~NoSync() { ddp_.no_sync_ = false; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  size_t num_buckets() const { return buckets_.size(); }
+  // Parameter names of bucket i, in bucket order.
+  std::vector<std::string> bucket_parameters(size_t i) const;
+
+ private:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    size_t bucket;
+    int64_t offset;  // elements into the bucket
+    bool ready = false;
+  };
+  struct Bucket {
+    Tensor flat;  // [numel] in the parameters' dtype and device
+    std::vector<size_t> params;
+    size_t pending = 0;
+    bool reduced = false;
+  };
+
+  void check_and_broadcast(nn::Module& module);
+  void build_buckets(const DDPOptions& options);
+  Tensor slot(const Param& p) const;
+  void on_ready(size_t index);
+  void reduce_ready_buckets();
+  void reset_iteration();
+
+  ProcessGroup& group_;
+  DDPOptions options_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;
+  bool no_sync_ = false;
+};
+
+}  // namespace mt::dist

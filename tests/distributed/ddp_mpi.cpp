@@ -1,0 +1,190 @@
+// DistributedDataParallel under `mpirun -np 2` on the CPU (MPI), run by ctest:
+//  1. after N steps every rank holds bit-identical parameters, equal within f32 rounding to a
+//     single process trained on the concatenated batch (rank 0 trains that reference too);
+//  2. no_sync() accumulation over two micro-batches equals one step on both;
+//  3. a parameter without a gradient is reported by name on every rank;
+//  4. a model that differs between ranks is refused at construction;
+//  5. with --die-at-step K, rank 1 exits abruptly at step K (the kill test: the launcher must
+//     end the job with an error, never hang).
+// Prints "ddp_mpi: PASS" on rank 0 and exits 0 when every check holds; runs as a world of one too.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "distributed/ddp.h"
+#include "ops/ops.h"
+#include "optim/sgd.h"
+
+namespace {
+
+using mt::Tensor;
+
+class Mlp : public mt::nn::Module {
+ public:
+  explicit Mlp(bool with_unused = false, int64_t hidden = 16) {
+    mt::Generator g(42);  // the same weights on every rank, so the broadcast is also checked below
+    register_module("fc1", fc1, std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(8, hidden), &g));
+    register_module("fc2", fc2, std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(hidden, 4), &g));
+    if (with_unused) register_module("spare", spare, std::make_shared<mt::nn::Linear>(mt::nn::LinearOptions(4, 4), &g));
+  }
+  Tensor forward(const Tensor& x) const { return fc2->forward(mt::relu(fc1->forward(x))); }
+  std::shared_ptr<mt::nn::Linear> fc1, fc2, spare;
+};
+
+struct Batch {
+  Tensor x, y;  // [16, 8], [16]
+};
+
+Batch global_batch(int step) {
+  mt::Generator g(1000 + static_cast<uint64_t>(step));
+  const Tensor x = mt::randn({16, 8}, {}, &g);
+  const Tensor y = mt::mul(mt::rand({16}, {}, &g), 3.999).to(mt::DType::i64);
+  return {x, y};
+}
+
+int failures = 0;
+void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::fprintf(stderr, "ddp_mpi: rank %d: FAILED: %s\n", rank, what.c_str());
+    ++failures;
+  }
+}
+
+double max_relative_difference(mt::nn::Module& a, mt::nn::Module& b) {
+  double worst = 0;
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto va = pa[i].second.to_vector<double>(), vb = pb[i].second.to_vector<double>();
+    for (size_t j = 0; j < va.size(); ++j) worst = std::max(worst, std::abs(va[j] - vb[j]) / (std::abs(vb[j]) + 1e-3));
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int die_at_step = -1;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--die-at-step") == 0) die_at_step = std::atoi(argv[i + 1]);
+  }
+  try {
+    auto& group = mt::dist::ProcessGroup::init();
+    const int rank = group.rank(), world = group.world_size();
+    const int64_t shard = 16 / world;
+
+    // 1. DDP equals one process on the whole batch; ranks agree bit for bit.
+    Mlp model, reference;
+    if (rank == 1) {  // a different start on rank 1: the broadcast must overwrite it
+      mt::NoGradGuard no_grad;
+      model.fc1->weight.fill_(0.5);
+    }
+    mt::dist::DistributedDataParallel ddp(model, group, mt::dist::DDPOptions().first_bucket_mb(0.0001));
+    check(ddp.num_buckets() >= 2, "the 0.1 KiB first bucket should split the parameters", rank);
+    mt::SGD opt(model.parameters(), mt::SGDOptions(0.1));
+    mt::SGD ref_opt(reference.parameters(), mt::SGDOptions(0.1));
+    for (int step = 0; step < 5; ++step) {
+      if (step == die_at_step && rank == 1) {
+        std::fprintf(stderr, "ddp_mpi: rank 1 exits abruptly at step %d (--die-at-step)\n", step);
+        std::fflush(stderr);
+        _exit(3);
+      }
+      const Batch b = global_batch(step);
+      ddp.zero_grad();
+      mt::cross_entropy(model.forward(b.x.narrow(0, rank * shard, shard)), b.y.narrow(0, rank * shard, shard))
+          .backward();
+      ddp.synchronize();
+      opt.step();
+      ref_opt.zero_grad();
+      mt::cross_entropy(reference.forward(b.x), b.y).backward();
+      ref_opt.step();
+    }
+    const double vs_reference = max_relative_difference(model, reference);
+    check(vs_reference < 1e-5, "DDP vs one process on the whole batch: " + std::to_string(vs_reference), rank);
+    // Bit-identical across ranks: rank 0's values broadcast and compared exactly.
+    int differ = 0;
+    for (const auto& [name, p] : model.named_parameters()) {
+      const Tensor root = p.detach().clone();
+      group.broadcast_(root, 0);
+      differ += root.to_vector<float>() != p.to_vector<float>();
+    }
+    const Tensor differ_count = mt::from_vector({static_cast<double>(differ)}, {1}, mt::DType::f64);
+    group.all_reduce_(differ_count, mt::dist::ReduceOp::sum);
+    check(differ_count.item() == 0, "parameters differ between ranks", rank);
+
+    // 2. no_sync: two micro-batches accumulated, then one synchronised backward.
+    Mlp accumulated, single;
+    mt::dist::DistributedDataParallel ddp_acc(accumulated, group);
+    mt::dist::DistributedDataParallel ddp_single(single, group);
+    const Batch b = global_batch(99);
+    const Tensor x = b.x.narrow(0, rank * shard, shard), y = b.y.narrow(0, rank * shard, shard);
+    ddp_acc.zero_grad();
+    {
+      auto guard = ddp_acc.no_sync();
+      mt::mul(mt::cross_entropy(accumulated.forward(x.narrow(0, 0, shard / 2)), y.narrow(0, 0, shard / 2)), 0.5)
+          .backward();
+      ddp_acc.synchronize();  // a no-op inside no_sync
+    }
+    mt::mul(
+        mt::cross_entropy(accumulated.forward(x.narrow(0, shard / 2, shard / 2)), y.narrow(0, shard / 2, shard / 2)),
+        0.5)
+        .backward();
+    ddp_acc.synchronize();
+    ddp_single.zero_grad();
+    mt::cross_entropy(single.forward(x), y).backward();
+    ddp_single.synchronize();
+    double worst = 0;
+    for (size_t i = 0; i < accumulated.parameters().size(); ++i) {
+      const auto a = accumulated.parameters()[i].grad().to_vector<double>();
+      const auto s = single.parameters()[i].grad().to_vector<double>();
+      for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, std::abs(a[j] - s[j]));
+    }
+    check(worst < 1e-6, "no_sync accumulation vs one step: " + std::to_string(worst), rank);
+
+    // 3. Unused parameters are named, on every rank.
+    Mlp with_spare(/*with_unused=*/true);
+    mt::dist::DistributedDataParallel ddp_spare(with_spare, group);
+    ddp_spare.zero_grad();
+    mt::cross_entropy(with_spare.forward(x), y).backward();
+    std::string message;
+    try {
+      ddp_spare.synchronize();
+    } catch (const mt::Error& e) {
+      message = e.what();
+    }
+    check(message.find("got no gradient in this backward: spare.weight, spare.bias") != std::string::npos,
+          "unused parameters not reported: '" + message + "'", rank);
+
+    // 4. Different models are refused (rank 1 is wider).
+    if (world > 1) {
+      Mlp other(false, rank == 1 ? 17 : 16);
+      message.clear();
+      try {
+        mt::dist::DistributedDataParallel refused(other, group);
+      } catch (const mt::Error& e) {
+        message = e.what();
+      }
+      if (rank == 1) {
+        check(message.find("holds a different model than rank 0: rank 0 has 'fc1.weight:[16, 8]:f32:train', this "
+                           "rank has 'fc1.weight:[17, 8]:f32:train'") != std::string::npos,
+              "model mismatch not reported: '" + message + "'", rank);
+      }
+      if (rank == 0) {
+        check(message.find("another rank holds a different model than rank 0") != std::string::npos,
+              "rank 0 not told of the mismatch: '" + message + "'", rank);
+      }
+    }
+
+    if (rank == 0) {
+      std::printf("ddp_mpi: %s, %zu buckets; DDP vs single process %.2e; no_sync vs one step %.2e; %s\n",
+                  group.describe().c_str(), ddp.num_buckets(), vs_reference, worst, failures ? "FAIL" : "PASS");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_mpi: %s\n", e.what());
+    return 2;
+  }
+  return failures == 0 ? 0 : 1;
+}
