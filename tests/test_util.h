@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -25,4 +28,12 @@ inline std::string error_message_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The names of the entries of `dir`, sorted (to see that a failed write left nothing behind).
+inline std::vector<std::string> dir_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }

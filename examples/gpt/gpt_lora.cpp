@@ -14,19 +14,6 @@
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 
-namespace {
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"Fine-tune a GPT with LoRA adapters"};
   gpt_example::PlacementFlags placement_flags;
@@ -64,7 +51,7 @@ int main(int argc, char** argv) {
 
   try {
     const gpt_example::Placement placement = placement_flags.resolve();
-    lora.target_modules = split_commas(targets);
+    lora.target_modules = gpt_example::split_commas(targets);
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(base);
     model->to(placement.device);

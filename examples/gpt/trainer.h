@@ -71,4 +71,7 @@ std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int
 // "1,234,567"
 std::string with_commas(int64_t n);
 
+// "c_attn,c_proj" -> {"c_attn", "c_proj"} (empty items dropped)
+std::vector<std::string> split_commas(const std::string& text);
+
 }  // namespace gpt_example

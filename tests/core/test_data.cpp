@@ -122,13 +122,6 @@ struct RawFile {
   }
 };
 
-std::vector<std::string> dir_entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class TokenDataFile : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -64,13 +64,6 @@ Tensor blob(const void* data, const mt::Shape& shape, DType dtype) {
   return mt::from_blob(data, shape, dtype, mt::TensorOptions().dtype(dtype));
 }
 
-std::vector<std::string> dir_entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -14,21 +14,13 @@
 #include <sstream>
 
 #include "core/cuda_context.h"
+#include "examples/gpt/trainer.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 
 namespace {
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -70,7 +62,7 @@ int main(int argc, char** argv) {
       mt::nn::LoRAOptions lora;
       lora.r = lora_r;
       lora.alpha = 2.0 * static_cast<double>(lora_r);
-      lora.target_modules = split_commas(targets);
+      lora.target_modules = gpt_example::split_commas(targets);
       mt::nn::apply_lora(model, lora, &init);
     }
     std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s; %s\n",
@@ -89,7 +81,7 @@ int main(int argc, char** argv) {
 
     std::printf("%-10s %20s %16s %12s %10s\n", "mode", "peak GiB", "step ms", "tokens/s", "loss");
     double base_ms = 0, base_gib = 0;
-    for (const std::string& mode : split_commas(modes)) {
+    for (const std::string& mode : gpt_example::split_commas(modes)) {
       model.set_checkpointing(mt::nn::GPTCheckpointing::parse(mode));
       mt::AdamW opt(model.trainable_parameters(), mt::AdamWOptions(1e-4));
       std::vector<double> times;
@@ -114,7 +106,7 @@ int main(int argc, char** argv) {
       const double ms = 1e3 * median(times);
       const double gib =
           device.is_cuda() ? static_cast<double>(mt::cuda::memory_stats(device.index).peak_allocated) / (1 << 30) : 0;
-      if (mode == split_commas(modes).front()) base_ms = ms, base_gib = gib;
+      if (mode == gpt_example::split_commas(modes).front()) base_ms = ms, base_gib = gib;
       char memory[48] = "n/a (cpu)";
       if (device.is_cuda()) std::snprintf(memory, sizeof(memory), "%.2f (%.2fx less)", gib, base_gib / gib);
       std::printf("%-10s %20s %8.1f (%.2fx) %12.0f %10.4f\n", mode.c_str(), memory, ms, ms / base_ms,

@@ -9,9 +9,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <sstream>
 
 #include "core/safetensors.h"
+#include "examples/gpt/trainer.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -37,8 +37,7 @@ int main(int argc, char** argv) {
     const auto model = mt::nn::GPT::from_pretrained(model_dir);
     model->eval();
     if (!adapter_dir.empty()) {
-      std::stringstream list(targets);
-      for (std::string t; std::getline(list, t, ',');) lora.target_modules.push_back(t);
+      lora.target_modules = gpt_example::split_commas(targets);
       mt::Generator generator(seed);
       mt::nn::apply_lora(*model, lora, &generator);
       mt::NoGradGuard no_grad;
