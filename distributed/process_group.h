@@ -34,6 +34,9 @@ class ProcessGroup {
  public:
   // The process's group, created on first call (MPI initialised if nobody did).
   static ProcessGroup& init();
+  // True when an MPI launcher (mpirun, srun with PMI/PMIx) started this process: programs
+  // that also run alone call init() only then, and skip MPI entirely otherwise.
+  static bool launched_by_mpi();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
   ~ProcessGroup();

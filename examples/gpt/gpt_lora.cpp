@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     model->to(placement.device);
     model->eval();
     auto sample = [&](const char* when) {
-      if (sample_tokens == 0) return;
+      if (sample_tokens == 0 || !placement.is_main()) return;
       std::printf(
           "gpt_lora: sample %s fine-tuning:\n%s\n", when,
           gpt_example::sample_text(*model, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40, train_flags.seed)
@@ -69,17 +69,20 @@ int main(int argc, char** argv) {
       const mt::data::TokenFile val(train_flags.val_data);
       val_before = gpt_example::evaluate(*model, val, train_flags.batch_size, train_flags.seq_len,
                                          train_flags.eval_batches, placement);
-      std::printf("gpt_lora: validation loss of the base model %.4f\n", *val_before);
+      if (placement.is_main()) std::printf("gpt_lora: validation loss of the base model %.4f\n", *val_before);
     }
 
     mt::Generator init(train_flags.seed);
     const std::vector<std::string> adapted = mt::nn::apply_lora(*model, lora, &init);
-    std::printf("gpt_lora: LoRA r=%lld alpha=%g%s on %zu layers (%s)\n", static_cast<long long>(lora.r), lora.alpha,
-                lora.use_rslora ? " rsLoRA" : "", adapted.size(), targets.c_str());
-    std::printf("gpt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
+    if (placement.is_main()) {
+      std::printf("gpt_lora: LoRA r=%lld alpha=%g%s on %zu layers (%s)\n", static_cast<long long>(lora.r), lora.alpha,
+                  lora.use_rslora ? " rsLoRA" : "", adapted.size(), targets.c_str());
+      std::printf("gpt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
+    }
 
     const gpt_example::TrainResult result =
         gpt_example::train(*model, model->trainable_parameters(), train_flags, placement, "gpt_lora");
+    if (!placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
     save_options.fan_in_fan_out = true;  // the projections are Conv1D in HF's GPT-2
     save_options.base_model_name_or_path = base;

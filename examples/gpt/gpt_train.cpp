@@ -50,13 +50,16 @@ int main(int argc, char** argv) {
     mt::Generator init(train_flags.seed);
     mt::nn::GPT model(config, &init);
     model.to(placement.device);
-    std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
-                static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
-                static_cast<long long>(config.n_embd), static_cast<long long>(config.n_positions),
-                static_cast<long long>(config.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+    if (placement.is_main()) {
+      std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
+                  static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
+                  static_cast<long long>(config.n_embd), static_cast<long long>(config.n_positions),
+                  static_cast<long long>(config.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+    }
 
     const gpt_example::TrainResult result =
         gpt_example::train(model, model.parameters(), train_flags, placement, "gpt_train");
+    if (!placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
     model.save_pretrained(out);
     std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
                 result.seconds, out.c_str());

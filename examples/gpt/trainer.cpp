@@ -8,6 +8,7 @@
 
 #include "core/cuda_context.h"
 #include "core/data/byte_tokenizer.h"
+#include "distributed/ddp.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
@@ -62,7 +63,8 @@ std::string peak_memory_text(const mt::Device& device) {
 // ------------------------------------------------------------------ flags
 
 std::string Placement::describe() const {
-  return device.str() + (amp ? std::string(", ") + mt::dtype_name(*amp) + " autocast" : std::string(", f32"));
+  return device.str() + (amp ? std::string(", ") + mt::dtype_name(*amp) + " autocast" : std::string(", f32")) +
+         (world_size() > 1 ? ", data parallel over " + std::to_string(world_size()) + " ranks" : std::string());
 }
 
 void PlacementFlags::add_to(CLI::App& app) {
@@ -75,7 +77,11 @@ void PlacementFlags::add_to(CLI::App& app) {
 
 Placement PlacementFlags::resolve() const {
   Placement p;
+  if (mt::dist::ProcessGroup::launched_by_mpi()) p.group = &mt::dist::ProcessGroup::init();
   p.device = device == "auto" ? (mt::cuda::is_available() ? mt::Device("cuda") : mt::kCPU) : mt::Device(device);
+  if (p.device.is_cuda() && p.group != nullptr && (device == "auto" || device == "cuda")) {
+    p.device = mt::Device(mt::DeviceType::cuda, p.group->local_rank() % mt::cuda::device_count());  // one GPU a rank
+  }
   const std::string mode = amp == "auto" ? (p.device.is_cuda() ? "bf16" : "off") : amp;
   if (mode == "bf16") p.amp = mt::DType::bf16;
   if (mode == "fp16") p.amp = mt::DType::f16;
@@ -142,7 +148,12 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
            " but the model's is ", model.config().vocab_size);
   MT_CHECK(flags.seq_len <= model.config().n_positions, tag, ": --seq-len ", flags.seq_len,
            " exceeds the model's n_positions ", model.config().n_positions);
-  mt::data::TokenBatcher batcher(data, mt::data::BatcherOptions(flags.batch_size, flags.seq_len).seed(flags.seed));
+  mt::data::TokenBatcher batcher(data, mt::data::BatcherOptions(flags.batch_size, flags.seq_len)
+                                           .seed(flags.seed)
+                                           .rank(placement.group != nullptr ? placement.group->rank() : 0)
+                                           .world_size(placement.world_size()));
+  std::optional<mt::dist::DistributedDataParallel> ddp;
+  if (placement.world_size() > 1) ddp.emplace(model, *placement.group);
   const mt::nn::GPTCheckpointing checkpointing = mt::nn::GPTCheckpointing::parse(flags.checkpoint);
   model.set_checkpointing(checkpointing);
 
@@ -152,11 +163,15 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   const bool fp16 = placement.amp == mt::DType::f16;
   mt::GradScaler scaler(placement.device, mt::GradScalerOptions().enabled(fp16));
 
-  std::printf("%s: %s tokens in %s, %lld batches of %lldx%lld per epoch, %lld steps on %s, checkpointing %s\n",
-              tag.c_str(), with_commas(data.size()).c_str(), flags.data.c_str(),
-              static_cast<long long>(batcher.batches_per_epoch()), static_cast<long long>(flags.batch_size),
-              static_cast<long long>(flags.seq_len), static_cast<long long>(flags.steps), placement.describe().c_str(),
-              checkpointing.str().c_str());
+  if (placement.is_main()) {
+    std::printf(
+        "%s: %s tokens in %s, %lld batches of %lldx%lld per epoch and rank, %lld steps on %s, "
+        "checkpointing %s\n",
+        tag.c_str(), with_commas(data.size()).c_str(), flags.data.c_str(),
+        static_cast<long long>(batcher.batches_per_epoch()), static_cast<long long>(flags.batch_size),
+        static_cast<long long>(flags.seq_len), static_cast<long long>(flags.steps), placement.describe().c_str(),
+        checkpointing.str().c_str());
+  }
   if (placement.device.is_cuda()) mt::cuda::reset_peak_memory(placement.device.index);
   std::fflush(stdout);
 
@@ -171,8 +186,13 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
                                  placement.amp.has_value());
       loss = model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device));
     }
-    optimizer.zero_grad();
+    if (ddp) {
+      ddp->zero_grad();  // gradients as views into the all-reduce buckets
+    } else {
+      optimizer.zero_grad();
+    }
     scaler.scale(loss).backward();
+    if (ddp) ddp->synchronize();  // every rank now holds the average gradient
     if (flags.grad_clip > 0) {
       scaler.unscale_(optimizer);
       mt::clip_grad_norm_(params, flags.grad_clip);
@@ -183,7 +203,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     schedule.step();
 
     if (step == 1 || step % flags.log_every == 0 || step == flags.steps) {
-      const double value = loss.item();  // the only read-back of a step, and only when logging
+      // The only read-back of a step, and only when logging; averaged over the ranks.
+      const double value = placement.world_size() > 1 ? placement.group->mean_over_ranks(loss.item()) : loss.item();
       if (!std::isfinite(value) && !fp16) {
         throw mt::Error(tag + ": the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
                         "; lower --lr or check the data");
@@ -191,8 +212,9 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       if (step == 1) result.first_loss = value;
       result.last_loss = value;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double tokens = static_cast<double>(step * flags.batch_size * flags.seq_len);
+      const double tokens = static_cast<double>(step * flags.batch_size * flags.seq_len * placement.world_size());
       const std::string scale = fp16 ? std::to_string(static_cast<int64_t>(scaler.get_scale())) : "off";
+      if (!placement.is_main()) continue;
       std::printf("%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
                   static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
                   with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
@@ -205,7 +227,9 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   if (!flags.val_data.empty()) {
     const mt::data::TokenFile val(flags.val_data);
     result.val_loss = evaluate(model, val, flags.batch_size, flags.seq_len, flags.eval_batches, placement);
-    std::printf("%s: validation loss %.4f (%s)\n", tag.c_str(), *result.val_loss, flags.val_data.c_str());
+    if (placement.is_main()) {
+      std::printf("%s: validation loss %.4f (%s)\n", tag.c_str(), *result.val_loss, flags.val_data.c_str());
+    }
   }
   return result;
 }

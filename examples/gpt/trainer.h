@@ -15,14 +15,20 @@
 
 #include "core/data/token_dataset.h"
 #include "core/data/token_file.h"
+#include "distributed/process_group.h"
 #include "ops/nn/gpt.h"
 
 namespace gpt_example {
 
 // --device and --amp, resolved: "auto" means cuda with bf16 when a GPU is visible, else cpu in f32.
+// Under mpirun every rank trains its shard of each batch (DistributedDataParallel); rank 0
+// alone prints and writes files. The GPU is the rank's local index.
 struct Placement {
   mt::Device device = mt::kCPU;
-  std::optional<mt::DType> amp;  // the autocast dtype; empty: f32 throughout
+  std::optional<mt::DType> amp;             // the autocast dtype; empty: f32 throughout
+  mt::dist::ProcessGroup* group = nullptr;  // set when launched by mpirun
+  bool is_main() const { return group == nullptr || group->is_main(); }
+  int world_size() const { return group == nullptr ? 1 : group->world_size(); }
   std::string describe() const;
 };
 struct PlacementFlags {
