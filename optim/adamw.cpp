@@ -36,6 +36,25 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 
 void AdamW::step() { step_unless(Tensor()); }
 
+std::map<std::string, Tensor> AdamW::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (size_t g = 0; g < state_.size(); ++g) {
+    for (size_t i = 0; i < state_[g].size(); ++i) {
+      const std::string prefix = "g" + std::to_string(g) + ".p" + std::to_string(i) + ".";
+      const State& s = state_[g][i];
+      out[prefix + "exp_avg"] = s.exp_avg;
+      out[prefix + "exp_avg_sq"] = s.exp_avg_sq;
+      out[prefix + "step"] = s.step;
+      if (s.master.defined()) out[prefix + "master"] = s.master;
+    }
+  }
+  return out;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
+  detail::load_optimizer_state("AdamW", state_dict(), state);
+}
+
 void AdamW::step_unless(const Tensor& found_inf) {
   NoGradGuard no_grad;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {

@@ -70,6 +70,8 @@ class AdamW : public Optimizer {
     Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
+  std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
   AdamWOptions options_;

@@ -1,5 +1,7 @@
 #include "optim/optimizer.h"
 
+#include "autograd/grad_mode.h"
+
 #include "core/error.h"
 
 namespace mt {
@@ -17,6 +19,27 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 void Optimizer::step_unless(const Tensor& found_inf) {
   if (found_inf.item() == 0.0) step();
 }
+
+namespace detail {
+
+void load_optimizer_state(const char* optimizer, const std::map<std::string, Tensor>& mine,
+                          const std::map<std::string, Tensor>& state) {
+  for (const auto& [name, t] : mine) {
+    const auto it = state.find(name);
+    MT_CHECK(it != state.end(), optimizer, "::load_state_dict: the state has no '", name,
+             "' (was it saved from an optimizer over the same parameters?)");
+    MT_CHECK_T(ShapeError, it->second.shape() == t.shape(), optimizer, "::load_state_dict: '", name, "' has shape ",
+               shape_str(it->second.shape()), " in the state but ", shape_str(t.shape()), " here");
+  }
+  for (const auto& [name, t] : state) {
+    MT_CHECK(mine.count(name), optimizer, "::load_state_dict: unexpected entry '", name,
+             "' (the state holds more parameters or another kind of state)");
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, t] : mine) t.copy_(state.at(name));
+}
+
+}  // namespace detail
 
 void Optimizer::zero_grad() {
   for (ParamGroup& g : groups_) {

@@ -4,11 +4,20 @@
 //   loss.backward(); opt.step(); opt.zero_grad();
 #pragma once
 
+#include <map>
+#include <string>
+
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace mt {
+
+namespace detail {
+// Copies `state` into `mine` (the same names and shapes, both ways), naming what does not match.
+void load_optimizer_state(const char* optimizer, const std::map<std::string, Tensor>& mine,
+                          const std::map<std::string, Tensor>& state);
+}  // namespace detail
 
 struct ParamGroup {
   std::vector<Tensor> params;
@@ -27,6 +36,12 @@ class Optimizer {
   // writes fresh gradients instead of adding into zeroed buffers.
   void zero_grad();
   std::vector<ParamGroup>& param_groups() { return groups_; }
+
+  // Per-parameter state for checkpoints: "g<group>.p<index>.<name>" -> tensor (moments, step
+  // counts, master weights). Loading copies into the optimizer's own tensors and checks that
+  // names and shapes match those this optimizer holds.
+  virtual std::map<std::string, Tensor> state_dict() const = 0;
+  virtual void load_state_dict(const std::map<std::string, Tensor>& state) = 0;
 
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups);

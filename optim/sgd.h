@@ -47,6 +47,8 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SGDOptions& options);
   void step() override;
+  std::map<std::string, Tensor> state_dict() const override;  // momentum buffers that exist
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
   SGDOptions options_;

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
 
     const gpt_example::TrainResult result =
         gpt_example::train(*model, model->trainable_parameters(), train_flags, placement, "gpt_lora");
-    if (!placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
+    if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
     save_options.fan_in_fan_out = true;  // the projections are Conv1D in HF's GPT-2
     save_options.base_model_name_or_path = base;

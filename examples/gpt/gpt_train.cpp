@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
 
     const gpt_example::TrainResult result =
         gpt_example::train(model, model.parameters(), train_flags, placement, "gpt_train");
-    if (!placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
+    if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
     model.save_pretrained(out);
     std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
                 result.seconds, out.c_str());

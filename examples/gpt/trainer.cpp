@@ -1,8 +1,12 @@
 #include "examples/gpt/trainer.h"
 
+#include <signal.h>
+#include <unistd.h>
 #include <algorithm>
+
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 
@@ -14,6 +18,7 @@
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
+#include "optim/training_checkpoint.h"
 
 namespace gpt_example {
 
@@ -47,6 +52,22 @@ std::string duration_text(double seconds) {
     std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
   }
   return buf;
+}
+
+// Note [Stopping on a signal]: the first SIGTERM, SIGINT or SIGUSR1 asks the loop to finish its
+// step, write a checkpoint and return; a second one ends the process at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int signal) {
+  if (g_stop_signal != 0) _exit(128 + signal);
+  g_stop_signal = signal;
+}
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
 }
 
 // " | peak mem 12.34 GiB" on a GPU (the allocator's high-water mark since training began).
@@ -116,6 +137,18 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
                  "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), or selective "
                  "(recompute attention only)")
       ->capture_default_str();
+  app.add_option("--save-dir", save_dir,
+                 "directory for training checkpoints (model, optimizer, scaler, schedule, RNG, data position); "
+                 "SIGTERM, SIGINT or SIGUSR1 then finish the step, write one and exit 0");
+  app.add_option("--save-every", save_every, "steps between checkpoints (0: only when stopped by a signal)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", keep, "checkpoints kept in --save-dir")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--stop-at", stop_at,
+                 "stop after this step as SIGTERM would (checkpoint and exit 0), to run a job in slices")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", resume,
+               "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
   app.add_option("--eval-batches", eval_batches, "validation batches")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -175,10 +208,49 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   if (placement.device.is_cuda()) mt::cuda::reset_peak_memory(placement.device.index);
   std::fflush(stdout);
 
+  // Training checkpoints and resuming (rank 0 writes; every rank reads the same file).
+  std::optional<mt::CheckpointDirectory> saves;
+  MT_CHECK(!flags.resume || !flags.save_dir.empty(), tag, ": --resume needs --save-dir");
+  MT_CHECK(flags.stop_at == 0 || !flags.save_dir.empty(), tag, ": --stop-at needs --save-dir");
+  if (!flags.save_dir.empty()) {
+    saves.emplace(flags.save_dir, flags.keep);
+    install_stop_handlers();
+  }
+  mt::TrainingState checkpoint_state{&model, &optimizer, &scaler, &schedule, {}};
+  int64_t first_step = 1;
+  if (flags.resume) {
+    if (const auto latest = saves->latest()) {
+      mt::load_training_checkpoint(*latest, checkpoint_state);
+      const auto& extra = checkpoint_state.extra;
+      for (const char* key : {"step", "epoch", "index", "seed"}) {
+        MT_CHECK_T(mt::FileError, extra.count(key), *latest, ": not a ", tag, " checkpoint (no '", key, "')");
+      }
+      first_step = static_cast<int64_t>(extra.at("step")) + 1;
+      batcher.restore({static_cast<int64_t>(extra.at("epoch")), static_cast<int64_t>(extra.at("index")),
+                       static_cast<uint64_t>(extra.at("seed"))});
+      if (placement.is_main())
+        std::printf("%s: resumed from %s at step %lld\n", tag.c_str(), latest->c_str(),
+                    static_cast<long long>(first_step - 1));
+    } else if (placement.is_main()) {
+      std::printf("%s: no checkpoint in %s; starting from step 1\n", tag.c_str(), flags.save_dir.c_str());
+    }
+  }
+  auto save_checkpoint = [&](int64_t step) {
+    const mt::data::BatcherState position = batcher.state();
+    checkpoint_state.extra = {{"step", static_cast<double>(step)},
+                              {"epoch", static_cast<double>(position.epoch)},
+                              {"index", static_cast<double>(position.index)},
+                              {"seed", static_cast<double>(position.seed)}};
+    if (!placement.is_main()) return;
+    const std::string path = saves->save(step, checkpoint_state);
+    std::printf("%s: checkpoint %s\n", tag.c_str(), path.c_str());
+    std::fflush(stdout);
+  };
+
   TrainResult result;
   model.train();
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 1; step <= flags.steps; ++step) {
+  for (int64_t step = first_step; step <= flags.steps; ++step) {
     const mt::data::Batch batch = batcher.next();
     mt::Tensor loss;
     {
@@ -201,25 +273,39 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     scaler.update();
     const double lr = schedule.last_lr();
     schedule.step();
+    if (saves) {
+      // Every rank stops together: a signal delivered to one of them counts for all.
+      bool stop = g_stop_signal != 0 || step == flags.stop_at;
+      if (placement.world_size() > 1) stop = placement.group->mean_over_ranks(stop ? 1.0 : 0.0) > 0.0;
+      if (stop || (flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) save_checkpoint(step);
+      if (stop) {
+        if (placement.is_main())
+          std::printf("%s: stopped by a signal after step %lld\n", tag.c_str(), static_cast<long long>(step));
+        result.interrupted = true;
+        break;
+      }
+    }
 
-    if (step == 1 || step % flags.log_every == 0 || step == flags.steps) {
+    if (step == first_step || step % flags.log_every == 0 || step == flags.steps) {
       // The only read-back of a step, and only when logging; averaged over the ranks.
       const double value = placement.world_size() > 1 ? placement.group->mean_over_ranks(loss.item()) : loss.item();
       if (!std::isfinite(value) && !fp16) {
         throw mt::Error(tag + ": the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
                         "; lower --lr or check the data");
       }
-      if (step == 1) result.first_loss = value;
+      if (step == first_step) result.first_loss = value;
       result.last_loss = value;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double tokens = static_cast<double>(step * flags.batch_size * flags.seq_len * placement.world_size());
+      const int64_t steps_run = step - first_step + 1;  // in this process (after a resume, not from 1)
+      const double tokens = static_cast<double>(steps_run * flags.batch_size * flags.seq_len * placement.world_size());
       const std::string scale = fp16 ? std::to_string(static_cast<int64_t>(scaler.get_scale())) : "off";
       if (!placement.is_main()) continue;
-      std::printf("%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
-                  static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
-                  with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
-                  peak_memory_text(placement.device).c_str(),
-                  duration_text(seconds / static_cast<double>(step) * static_cast<double>(flags.steps - step)).c_str());
+      std::printf(
+          "%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
+          static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
+          with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
+          peak_memory_text(placement.device).c_str(),
+          duration_text(seconds / static_cast<double>(steps_run) * static_cast<double>(flags.steps - step)).c_str());
       std::fflush(stdout);
     }
   }

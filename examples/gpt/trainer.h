@@ -53,10 +53,16 @@ struct TrainFlags {
   int64_t log_every = 25;
   int64_t eval_batches = 8;
   std::string checkpoint = "off";  // GPTCheckpointing::parse
+  std::string save_dir;            // training checkpoints (empty: none)
+  int64_t save_every = 0;          // steps between checkpoints (0: only when stopped by a signal)
+  int64_t keep = 3;                // checkpoints kept
+  bool resume = false;             // continue from the newest checkpoint in save_dir
+  int64_t stop_at = 0;             // stop after this step as a signal would (0: never)
   void add_to(CLI::App& app, const std::string& data_help);
 };
 
 struct TrainResult {
+  bool interrupted = false;              // stopped by SIGTERM/SIGINT/SIGUSR1 after writing a checkpoint
   double first_loss = 0, last_loss = 0;  // training loss of the first and last logged steps
   std::optional<double> val_loss;        // after training, when validation data was given
   double seconds = 0;

@@ -23,6 +23,8 @@ class GroupsOnly : public Optimizer {
  public:
   explicit GroupsOnly(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {}
   void step() override {}
+  std::map<std::string, Tensor> state_dict() const override { return {}; }
+  void load_state_dict(const std::map<std::string, Tensor>&) override {}
 };
 
 // Two groups with different base lrs.
