@@ -100,7 +100,8 @@ Placement PlacementFlags::resolve() const {
   Placement p;
   if (mt::dist::ProcessGroup::launched_by_mpi()) p.group = &mt::dist::ProcessGroup::init();
   p.device = device == "auto" ? (mt::cuda::is_available() ? mt::Device("cuda") : mt::kCPU) : mt::Device(device);
-  if (p.device.is_cuda() && p.group != nullptr && (device == "auto" || device == "cuda")) {
+  if (p.device.is_cuda() && p.group != nullptr && (device == "auto" || device == "cuda") &&
+      mt::cuda::device_count() > 0) {
     p.device = mt::Device(mt::DeviceType::cuda, p.group->local_rank() % mt::cuda::device_count());  // one GPU a rank
   }
   const std::string mode = amp == "auto" ? (p.device.is_cuda() ? "bf16" : "off") : amp;
