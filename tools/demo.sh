@@ -28,7 +28,7 @@ else
   # Without a GPU the CUDA code would be built for nothing: build the CPU-only library.
   build="${MT_BUILD_DIR:-build-cpu-only}"
   config=(-DMT_ENABLE_CUDA=OFF)
-  model=(--layers 4 --heads 4 --embd 128) seq=64 batch=16 pre_steps=300 lora_steps=150
+  model=(--layers 4 --heads 4 --embd 128) seq=64 batch=16 pre_steps=250 lora_steps=120
 fi
 
 fresh=()  # for a new build folder: Ninja when there is one, and a build type (see tools/test.sh)
