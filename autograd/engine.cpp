@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/anomaly.h"
 #include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
@@ -138,6 +139,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (dynamic_cast<AccumulateGrad*>(node) == nullptr) node->released = true;
     }
     validate_gradients(*node, out);
+    anomaly::check_backward_gradients(*node, out);
 
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];

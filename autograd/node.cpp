@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "autograd/anomaly.h"
 #include "autograd/function.h"
 #include "core/view.h"
 
@@ -140,6 +141,7 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
     m.output_nr = i;
     node->output_meta.push_back(TensorMeta::of(out));
   }
+  anomaly::check_forward_outputs(*node, outputs);
 }
 
 std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) { return fn_(grad_outputs, *this); }

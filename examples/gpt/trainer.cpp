@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "autograd/anomaly.h"
 #include "core/cuda_context.h"
 #include "core/data/byte_tokenizer.h"
 #include "distributed/ddp.h"
@@ -148,6 +149,8 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--stop-at", stop_at,
                  "stop after this step as SIGTERM would (checkpoint and exit 0), to run a job in slices")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--detect-anomaly", detect_anomaly,
+               "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
   app.add_flag("--resume", resume,
                "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
   app.add_option("--eval-batches", eval_batches, "validation batches")
@@ -249,6 +252,7 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   };
 
   TrainResult result;
+  const mt::AnomalyGuard anomaly(flags.detect_anomaly);
   model.train();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = first_step; step <= flags.steps; ++step) {

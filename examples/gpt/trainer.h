@@ -58,6 +58,7 @@ struct TrainFlags {
   int64_t keep = 3;                // checkpoints kept
   bool resume = false;             // continue from the newest checkpoint in save_dir
   int64_t stop_at = 0;             // stop after this step as a signal would (0: never)
+  bool detect_anomaly = false;     // name the first op whose output is NaN or inf (slow)
   void add_to(CLI::App& app, const std::string& data_help);
 };
 
