@@ -87,21 +87,22 @@ void DistributedDataParallel::check_and_broadcast(nn::Module& module) {
 
 void DistributedDataParallel::build_buckets(const DDPOptions& options) {
   double cap = options.first_bucket_mb() * 1024 * 1024;
+  double filled = 0;                           // bytes in the last bucket
   for (size_t n = params_.size(); n-- > 0;) {  // reverse registration order
-    Param& p = params_[n];
-    const double bytes = static_cast<double>(p.tensor.nbytes());
+    const Tensor& t = params_[n].tensor;
+    const double bytes = static_cast<double>(t.nbytes());
     bool fresh = buckets_.empty();
     if (!fresh) {
-      const Bucket& last = buckets_.back();
-      const Param& first = params_[last.params.front()];
-      double filled = 0;
-      for (size_t i : last.params) filled += static_cast<double>(params_[i].tensor.nbytes());
-      fresh = first.tensor.dtype() != p.tensor.dtype() || first.tensor.device() != p.tensor.device() ||
-              (filled > 0 && filled + bytes > cap);
+      const Tensor& first = params_[buckets_.back().params.front()].tensor;
+      fresh = first.dtype() != t.dtype() || first.device() != t.device() || (filled > 0 && filled + bytes > cap);
       if (fresh) cap = options.bucket_cap_mb() * 1024 * 1024;
     }
-    if (fresh) buckets_.emplace_back();
+    if (fresh) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
     buckets_.back().params.push_back(n);
+    filled += bytes;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t numel = 0;

@@ -92,17 +92,6 @@ TEST(TokenDataTokenizer, DecodeRejectsNonIntegerAndNon1DTensors) {
 
 // ---------------------------------------------------------------- token files
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << "could not write " << path;
-}
-
 std::string le(uint64_t value, int bytes) {
   std::string s(static_cast<size_t>(bytes), '\0');
   for (int i = 0; i < bytes; ++i) s[static_cast<size_t>(i)] = static_cast<char>((value >> (8 * i)) & 0xff);
