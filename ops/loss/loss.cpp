@@ -5,6 +5,7 @@
 #include "ops/loss/loss.h"
 #include "autograd/autocast.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "autograd/function.h"
@@ -12,10 +13,12 @@
 #include "ops/common.h"
 #include "ops/loss/loss_kernels.h"
 #include "ops/map.h"
+#include "ops/matmul/matmul_kernels.h"
 
 namespace mt {
 
 using autograd::LambdaNode;
+using autograd::SavedTensor;
 
 namespace {
 
@@ -142,6 +145,162 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
     node->saved.emplace_back(lse);
     if (reduction == Reduction::mean) node->saved.emplace_back(count);
     autograd::record(node, {logits}, {out});
+  }
+  return out;
+}
+
+// ---- linear_cross_entropy: the LM head fused with its loss ----
+
+namespace {
+
+constexpr const char* kFusedOp = "linear_cross_entropy";
+constexpr int64_t kChunkLogitBytes = int64_t{256} << 20;
+
+void validate_fused(const Tensor& x, const Tensor& weight, const Tensor& target, const LinearCrossEntropyOptions& o) {
+  ops::check_floating(kFusedOp, x);
+  ops::check_floating(kFusedOp, weight);
+  ops::check_defined(kFusedOp, target, "target");
+  ops::check_same_device(kFusedOp, x, weight);
+  ops::check_same_device(kFusedOp, x, target);
+  MT_CHECK_T(DTypeError, target.dtype() == DType::i64 || target.dtype() == DType::i32, kFusedOp,
+             ": target must hold class indices of dtype i64 or i32, got ", ops::describe(target));
+  MT_CHECK_T(ShapeError, x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), kFusedOp,
+             ": expected x [N, C] and weight [V, C], got x ", ops::describe(x), " and weight ", ops::describe(weight));
+  MT_CHECK_T(ShapeError, target.dim() == 1 && target.size(0) == x.size(0), kFusedOp, ": target ", ops::describe(target),
+             " must be [N] for x ", ops::describe(x));
+  MT_CHECK_T(ShapeError, weight.size(0) > 0, kFusedOp, ": weight ", ops::describe(weight), " has no classes");
+  MT_CHECK(o.reduction != Reduction::none, kFusedOp,
+           ": reduction none is not supported (the fused op keeps one gradient per input, for a scalar loss)");
+  MT_CHECK(o.chunk_rows >= 0, kFusedOp, ": chunk_rows must be >= 0, got ", o.chunk_rows);
+}
+
+// Row i of x goes with row i of the unit-loss gradients; the chunk's logits
+// buffer is reused in place for its gradient.
+struct FusedHeadResult {
+  Tensor loss_rows;  // [N] (acc dtype)
+  Tensor dx_unit;    // [N, C] in x's dtype: d(sum of row losses)/dx, or undefined
+  Tensor dw_unit;    // [V, C] in acc dtype: d(sum of row losses)/dW, or undefined
+};
+
+FusedHeadResult fused_head_forward(const Tensor& x, const Tensor& w, const Tensor& t, int64_t ignore_index,
+                                   int64_t chunk_rows, bool want_dx, bool want_dw) {
+  const int64_t rows = x.size(0), hidden = x.size(1), classes = w.size(0);
+  const DType acc = loss_dtype(x.dtype());
+  const TensorOptions acc_options = TensorOptions().dtype(acc).device(x.device());
+  FusedHeadResult r;
+  r.loss_rows = empty({rows}, acc_options);
+  Tensor lse = empty({rows}, acc_options);
+  if (want_dx) r.dx_unit = empty({rows, hidden}, ops::options_of(x));
+  if (want_dw) r.dw_unit = zeros({classes, hidden}, acc_options);
+  Tensor unit = full({}, 1.0, acc_options);  // the gradient of a unit (summed) loss
+  const Tensor w3 = raw::unsqueeze(w, 0);
+  Tensor logits_buffer = empty({std::min(rows, chunk_rows), classes}, ops::options_of(x));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const Tensor xc = raw::narrow(x, 0, r0, n), tc = raw::narrow(t, 0, r0, n);
+    const Tensor lc = raw::narrow(r.loss_rows, 0, r0, n), sc = raw::narrow(lse, 0, r0, n);
+    const Tensor logits = raw::narrow(logits_buffer, 0, 0, n);
+    ops::GemmArgs args;
+    args.transpose_b = ops::Transpose::yes;  // logits = x W^T
+    ops::gemm(raw::unsqueeze(logits, 0), raw::unsqueeze(xc, 0), w3, args);
+    if (x.is_cuda()) {
+#if MT_WITH_CUDA
+      ops::cross_entropy_forward_cuda(lc, sc, logits, tc, ignore_index);
+      if (want_dx || want_dw) {  // logits <- softmax - onehot, in place (each element reads only itself)
+        ops::cross_entropy_backward_cuda(logits, unit, logits, tc, sc, Tensor(), ignore_index, Reduction::sum);
+      }
+#else
+      ops::throw_no_cuda(kFusedOp);
+#endif
+    } else {
+      ops::cross_entropy_forward_cpu(lc, sc, logits, tc, ignore_index);
+      if (want_dx || want_dw) {
+        ops::cross_entropy_backward_cpu(logits, unit, logits, tc, sc, Tensor(), ignore_index, Reduction::sum);
+      }
+    }
+    if (want_dx) {  // dx_c [n, C] = dlogits [n, V] @ W [V, C]
+      ops::gemm(raw::unsqueeze(raw::narrow(r.dx_unit, 0, r0, n), 0), raw::unsqueeze(logits, 0), w3);
+    }
+    if (want_dw) {  // dW [V, C] += dlogits^T [V, n] @ x_c [n, C], accumulated in f32/f64
+      ops::GemmArgs acc_args;
+      acc_args.transpose_a = ops::Transpose::yes;
+      acc_args.beta = 1.0;
+      ops::gemm(raw::unsqueeze(r.dw_unit, 0), raw::unsqueeze(logits, 0), raw::unsqueeze(xc, 0), acc_args);
+    }
+  }
+  return r;
+}
+
+// A unit-loss gradient scaled by the incoming gradient (/ count for mean), into a
+// fresh tensor of `dtype` (the dtype of the input it is the gradient for).
+Tensor scale_unit_grad(Tensor unit, DType dtype, const Tensor& grad, const Tensor& count, Reduction reduction) {
+  const DType acc = loss_dtype(dtype);
+  if (unit.dtype() != dtype && unit.dtype() != acc) unit = ops::as_dtype(unit, acc);
+  const Tensor g = raw::contiguous(ops::as_dtype(grad, acc));
+  Tensor out = empty(unit.shape(), TensorOptions().dtype(dtype).device(unit.device()));
+  if (unit.is_cuda()) {
+#if MT_WITH_CUDA
+    ops::scale_by_loss_grad_cuda(out, unit, g, count, reduction);
+#else
+    ops::throw_no_cuda(kFusedOp);
+#endif
+  } else {
+    ops::scale_by_loss_grad_cpu(out, unit, g, count, reduction);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const Tensor& target,
+                            const LinearCrossEntropyOptions& options) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(kFusedOp, {x_in, weight_in});
+  validate_fused(cast[0], cast[1], target, options);
+  const DType dtype = promote_types(cast[0].dtype(), cast[1].dtype());
+  const Tensor& x_rec = cast[0];  // the tensors the node's gradients are for
+  const Tensor& w_rec = cast[1];
+  const Tensor x = raw::contiguous(ops::as_dtype(x_rec, dtype));
+  const Tensor w = ops::as_dtype(w_rec, dtype);
+  const Tensor t = raw::contiguous(target);
+  const int64_t rows = x.size(0), classes = w.size(0);
+  if (!x.is_cuda()) check_target_values(t, classes, options.ignore_index);
+
+  const int64_t chunk_rows = std::max<int64_t>(
+      1, options.chunk_rows > 0 ? options.chunk_rows
+                                : kChunkLogitBytes / (classes * static_cast<int64_t>(element_size(dtype))));
+  const bool want_dx = autograd::needs_grad({x_rec}), want_dw = autograd::needs_grad({w_rec});
+  FusedHeadResult head = fused_head_forward(x, w, t, options.ignore_index,
+                                            std::max<int64_t>(1, std::min(chunk_rows, rows)), want_dx, want_dw);
+
+  const TensorOptions acc = TensorOptions().dtype(loss_dtype(dtype)).device(x.device());
+  Tensor out = empty({}, acc);
+  Tensor count = empty({}, TensorOptions().dtype(DType::i64).device(x.device()));
+  if (x.is_cuda()) {
+#if MT_WITH_CUDA
+    ops::cross_entropy_reduce_cuda(out, count, head.loss_rows, t, options.ignore_index, options.reduction);
+#else
+    ops::throw_no_cuda(kFusedOp);
+#endif
+  } else {
+    ops::cross_entropy_reduce_cpu(out, count, head.loss_rows, t, options.ignore_index, options.reduction);
+  }
+
+  if (want_dx || want_dw) {
+    const Reduction reduction = options.reduction;
+    const DType x_dtype = x_rec.dtype(), w_dtype = w_rec.dtype();
+    auto node = std::make_shared<LambdaNode>(
+        "LinearCrossEntropyBackward",
+        [reduction, x_dtype, w_dtype](const std::vector<Tensor>& g, const LambdaNode& self) {
+          const Tensor count = self.unpack(2);
+          Tensor gx, gw;
+          if (self.needs_input_grad(0)) gx = scale_unit_grad(self.unpack(0), x_dtype, g[0], count, reduction);
+          if (self.needs_input_grad(1)) gw = scale_unit_grad(self.unpack(1), w_dtype, g[0], count, reduction);
+          return std::vector<Tensor>{gx, gw};
+        });
+    node->saved.emplace_back(head.dx_unit.defined() ? SavedTensor(head.dx_unit) : SavedTensor());
+    node->saved.emplace_back(head.dw_unit.defined() ? SavedTensor(head.dw_unit) : SavedTensor());
+    node->saved.emplace_back(count);
+    autograd::record(node, {x_rec, w_rec}, {out});
   }
   return out;
 }

@@ -33,4 +33,25 @@ enum class Reduction {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
 
+// The LM head and its loss in one op, never holding the [N, V] logits:
+//   loss = cross_entropy(x W^T, target)     x [N, C], weight [V, C], target [N]
+// (mean or sum; `none` is an error). Rows are processed in chunks of
+// chunk_rows: each chunk's logits are formed by one GEMM, reduced to per-row
+// losses, overwritten in place by their gradient for a unit loss
+// (softmax - onehot), and multiplied out into the chunk's share of dx and (when
+// the weight needs it) of dW, accumulated in f32/f64. Backward only scales those
+// by the incoming gradient (/ count for mean). Peak memory for the head is one
+// chunk of logits instead of the logits and their gradient; the GEMM work is the
+// same as linear + cross_entropy, done in forward, so a forward whose gradient is
+// never asked for (no_grad or nothing requiring grad) does only the first GEMM.
+// Autocast: the GEMMs run in the region's dtype (policy lower_precision), the
+// loss is f32 as every loss. ignore_index and the target rules are cross_entropy's.
+struct LinearCrossEntropyOptions {
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::mean;
+  int64_t chunk_rows = 0;  // 0: as many rows as keep one chunk of logits near 256 MiB
+};
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
+                            const LinearCrossEntropyOptions& options = {});
+
 }  // namespace mt

@@ -104,4 +104,24 @@ void cross_entropy_backward_cpu(const Tensor& dlogits, const Tensor& grad, const
   });
 }
 
+void scale_by_loss_grad_cpu(const Tensor& out, const Tensor& in, const Tensor& grad, const Tensor& count,
+                            Reduction reduction) {
+  dispatch_floating(out.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    A g = *static_cast<const A*>(grad.data_ptr());
+    if (reduction == Reduction::mean) g /= static_cast<A>(*static_cast<const int64_t*>(count.data_ptr()));
+    T* o = static_cast<T*>(out.data_ptr());
+    const int64_t n = out.numel();
+    auto scale = [&](const auto* x) {
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(convert<A>(x[i]) * g);
+    };
+    if (in.dtype() == out.dtype()) {
+      scale(static_cast<const T*>(in.data_ptr()));
+    } else {
+      scale(static_cast<const A*>(in.data_ptr()));
+    }
+  });
+}
+
 }  // namespace mt::ops

@@ -4,8 +4,10 @@
 // device: the count of non-ignored rows stays in device memory and the backward
 // reads it there.
 #include <limits>
+#include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/launch.h"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "ops/loss/loss_kernels.h"
@@ -97,6 +99,17 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
+// out = in * g (/ count): in is T or acc_t<T> (see loss_kernels.h).
+template <typename T, typename In>
+__global__ void scale_by_loss_grad_kernel(T* out, const In* in, const acc_t<T>* grad, const int64_t* count, int64_t n) {
+  using A = acc_t<T>;
+  A g = *grad;
+  if (count != nullptr) g = g / static_cast<A>(*count);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{blockDim.x} * gridDim.x) {
+    out[i] = convert<T>(convert<A>(in[i]) * g);
+  }
+}
+
 }  // namespace
 
 void cross_entropy_forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& logits, const Tensor& target,
@@ -155,6 +168,29 @@ void cross_entropy_backward_cuda(const Tensor& dlogits, const Tensor& grad, cons
               static_cast<const A*>(grad.data_ptr()), grad_stride, count_ptr, rows, classes, ignore_index);
       MT_CUDA_CHECK_LAUNCH();
     });
+  });
+}
+
+void scale_by_loss_grad_cuda(const Tensor& out, const Tensor& in, const Tensor& grad, const Tensor& count,
+                             Reduction reduction) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const cuda::Stream stream = cuda::current_stream(out.device().index);
+  const int64_t* count_ptr = reduction == Reduction::mean ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
+  dispatch_floating(out.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    auto launch = [&](const auto* x) {
+      using In = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+      scale_by_loss_grad_kernel<T, In><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
+          static_cast<T*>(out.data_ptr()), x, static_cast<const A*>(grad.data_ptr()), count_ptr, n);
+      MT_CUDA_CHECK_LAUNCH();
+    };
+    if (in.dtype() == out.dtype()) {
+      launch(static_cast<const T*>(in.data_ptr()));
+    } else {
+      launch(static_cast<const A*>(in.data_ptr()));
+    }
   });
 }
 

@@ -45,4 +45,14 @@ void cross_entropy_backward_cpu(const Tensor& dlogits, const Tensor& grad, const
 void cross_entropy_backward_cuda(const Tensor& dlogits, const Tensor& grad, const Tensor& logits, const Tensor& target,
                                  const Tensor& lse, const Tensor& count, int64_t ignore_index, Reduction reduction);
 
+// out = in * g, element-wise over contiguous tensors of equal numel, where g is
+// the loss's incoming gradient grad [] (loss dtype A), divided by count [] (i64)
+// for mean. in has out's dtype or A (a gradient accumulated in f32 for an f16/bf16
+// output); the product is formed in A and rounded once. Used by
+// linear_cross_entropy, whose forward leaves the gradient for a unit loss.
+void scale_by_loss_grad_cpu(const Tensor& out, const Tensor& in, const Tensor& grad, const Tensor& count,
+                            Reduction reduction);
+void scale_by_loss_grad_cuda(const Tensor& out, const Tensor& in, const Tensor& grad, const Tensor& count,
+                             Reduction reduction);
+
 }  // namespace mt::ops

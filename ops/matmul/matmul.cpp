@@ -67,13 +67,20 @@ MatrixOperand make_operand(const Tensor& t, int64_t batch) {
 void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmArgs& args) {
   MT_INTERNAL_ASSERT(out.dim() == 3 && a_in.dim() == 3 && b_in.dim() == 3, "gemm: operands must be 3-D, got ",
                      describe(out), ", ", describe(a_in), ", ", describe(b_in));
-  MT_INTERNAL_ASSERT(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype() && a_in.device() == out.device() &&
-                         b_in.device() == out.device(),
+  const bool half_in = a_in.dtype() == DType::f16 || a_in.dtype() == DType::bf16;
+  const bool wide_out = out.dtype() == DType::f32 && half_in;  // f16/bf16 products kept in f32
+  MT_INTERNAL_ASSERT(a_in.dtype() == b_in.dtype() && (a_in.dtype() == out.dtype() || wide_out) &&
+                         a_in.device() == out.device() && b_in.device() == out.device(),
                      "gemm: dtype/device mismatch: ", describe(out), ", ", describe(a_in), ", ", describe(b_in));
+  // cuBLASLt writes an f32 C from f16/bf16 A and B itself; the CPU kernels take
+  // one dtype, so there the inputs are widened first (exactly, as they widen anyway).
+  const bool widen_inputs = wide_out && !out.is_cuda();
+  const Tensor a_typed = widen_inputs ? as_dtype(a_in, DType::f32) : a_in;
+  const Tensor b_typed = widen_inputs ? as_dtype(b_in, DType::f32) : b_in;
   // A transposed operand is a transposed view: the layout analysis below picks
   // the BLAS transpose flag from its strides.
-  const Tensor a = args.transpose_a == Transpose::yes ? raw::transpose(a_in, 1, 2) : a_in;
-  const Tensor b = args.transpose_b == Transpose::yes ? raw::transpose(b_in, 1, 2) : b_in;
+  const Tensor a = args.transpose_a == Transpose::yes ? raw::transpose(a_typed, 1, 2) : a_typed;
+  const Tensor b = args.transpose_b == Transpose::yes ? raw::transpose(b_typed, 1, 2) : b_typed;
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
   MT_INTERNAL_ASSERT(a.size(1) == m && b.size(1) == k && b.size(2) == n && (a.size(0) == batch || a.size(0) == 1) &&
                          (b.size(0) == batch || b.size(0) == 1),

@@ -158,7 +158,7 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
 // strides, alignments).
-using AlgoKey = std::array<int64_t, 18>;
+using AlgoKey = std::array<int64_t, 19>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
@@ -210,7 +210,9 @@ void gemm_typed(const GemmProblem& p) {
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_b.op, sizeof(lt_b.op)));
   const Layout layout_a = make_layout(type, lt_a, batch);
   const Layout layout_b = make_layout(type, lt_b, batch);
-  const Layout layout_c = make_layout(type, lt_c, batch);  // C and D: the same matrix
+  // C and D: the same matrix, in the inputs' dtype or f32 (gemm() allows f32 C for f16/bf16 A, B).
+  const cudaDataType_t c_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
+  const Layout layout_c = make_layout(c_type, lt_c, batch);
 
   const AlgoKey key = {device,
                        static_cast<int64_t>(type),
@@ -229,7 +231,8 @@ void gemm_typed(const GemmProblem& p) {
                        lt_a.alignment,
                        lt_b.alignment,
                        lt_c.alignment,
-                       static_cast<int64_t>(compute)};
+                       static_cast<int64_t>(compute),
+                       static_cast<int64_t>(c_type)};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -279,7 +282,8 @@ void gemm_typed(const GemmProblem& p) {
 }  // namespace
 
 void gemm_cuda(const GemmProblem& p) {
-  dispatch_floating(p.c.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(p); });
+  // Dispatched on the inputs' dtype: C may be f32 for f16/bf16 inputs (see gemm_typed).
+  dispatch_floating(p.a.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(p); });
 }
 
 }  // namespace mt::ops

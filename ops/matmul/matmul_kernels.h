@@ -31,7 +31,9 @@ struct GemmArgs {
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
 // a   [batch or 1, M, K] ([.., K, M] when transposed), batch stride 0 allowed.
 // b   [batch or 1, K, N] ([.., N, K] when transposed), batch stride 0 allowed.
-// All three share one floating dtype and one device; out must not overlap a or b.
+// a and b share one floating dtype and one device with out; out has their dtype,
+// or f32 when they are f16/bf16 (products accumulated and kept in f32, as a
+// gradient summed over several GEMMs wants). out must not overlap a or b.
 void gemm(const Tensor& out, const Tensor& a, const Tensor& b, const GemmArgs& args = {});
 
 // ---- what the kernels see ----

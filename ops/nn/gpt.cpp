@@ -243,8 +243,9 @@ Tensor GPT::forward(const Tensor& ids) const {
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
   MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
              " must have the shape of ids ", shape_str(ids.shape()));
-  const Tensor logits = forward(ids);  // [B, T, V]
-  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  // The tied head and the loss fused: the [B*T, V] logits exist one chunk at a time.
+  const Tensor hidden = transformer->forward(ids);  // [B, T, C]
+  return linear_cross_entropy(hidden.reshape({-1, config_.n_embd}), transformer->wte->weight, targets.reshape({-1}));
 }
 
 // ------------------------------------------------------------------ Hugging Face files

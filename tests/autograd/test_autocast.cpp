@@ -148,6 +148,13 @@ std::vector<PolicyRow> policy_rows() {
          return cross_entropy(half({2, 4}, low), ids);
        },
        false},
+      // Its GEMMs run in the low dtype (LinearCrossEntropy.UnderAutocastMatchesLinearThenCrossEntropy);
+      // the loss it returns is f32, as every loss.
+      {"linear_cross_entropy",
+       [=](DType) {
+         return linear_cross_entropy(f32({2, 4}), f32({3, 4}), ids);
+       },
+       false},
       {"sum", [=](DType low) { return sum(half({2}, low)); }, false},
       {"mean", [=](DType low) { return mean(half({2}, low)); }, false},
       {"var", [=](DType low) { return var(half({2}, low)); }, false},

@@ -5,8 +5,10 @@
 #include <functional>
 #include <limits>
 
+#include "autograd/autocast.h"
 #include "core/view.h"
 #include "ops/loss/loss.h"
+#include "ops/matmul/matmul.h"
 #include "ops/norm/norm.h"
 #include "ops/ops.h"
 #include "ops/softmax/softmax.h"
@@ -20,6 +22,18 @@ using In = std::vector<Tensor>;
 
 Tensor i64_tensor(const std::vector<double>& values, const Shape& shape) {
   return from_vector(values, shape, DType::i64);
+}
+
+double relative_norm_error(const Tensor& got, const Tensor& ref) {
+  const std::vector<double> a = got.to_vector<double>(), b = ref.to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isnan(a[i])) continue;
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
 // ---- softmax ----
@@ -66,6 +80,28 @@ MT_OP_CASE(OpCase("cross_entropy", "cross_entropy_spatial_mean")
                  return In{i64_tensor({0, 2, -100, 1}, {2, 2})};
                })
                .compute([](const In& x) { return cross_entropy(x[0], x[1]); }));
+
+// ---- linear_cross_entropy (x and weight perturbed; chunk_rows 2 splits 5 rows into 3 chunks) ----
+MT_OP_CASE(OpCase("linear_cross_entropy", "linear_cross_entropy_mean_chunked")
+               .inputs({{5, 3}, {4, 3}})
+               .extra([] {
+                 return In{i64_tensor({1, 3, 0, -100, 2}, {5})};
+               })
+               .compute([](const In& x) {
+                 LinearCrossEntropyOptions o;
+                 o.chunk_rows = 2;
+                 return linear_cross_entropy(x[0], x[1], x[2], o);
+               }));
+MT_OP_CASE(OpCase("linear_cross_entropy", "linear_cross_entropy_sum")
+               .inputs({{4, 6}, {5, 6}})
+               .extra([] {
+                 return In{from_vector({4, 0, 2, 2}, {4}, DType::i32)};
+               })
+               .compute([](const In& x) {
+                 LinearCrossEntropyOptions o;
+                 o.reduction = Reduction::sum;
+                 return linear_cross_entropy(x[0], x[1], x[2], o);
+               }));
 
 // ---- norms (weight and bias are floating inputs, so their gradients are checked too) ----
 MT_OP_CASE(OpCase("layer_norm", "layer_norm_affine").inputs({{3, 6}, {6}, {6}}).compute([](const In& x) {
@@ -279,6 +315,92 @@ TEST(CrossEntropy, ErrorsNameTheOpShapesAndDtypes) {
 
 // ---- norms ----
 
+// ---- linear_cross_entropy ----
+
+// The fused head against linear then cross_entropy, in f64: loss and both gradients,
+// for every chunking (one row per chunk up to all rows at once) and both reductions.
+TEST(LinearCrossEntropy, EqualsLinearThenCrossEntropyForEveryChunking) {
+  Generator gen(5);
+  const Tensor x0 = randn({7, 5}, DType::f64, &gen), w0 = randn({9, 5}, DType::f64, &gen);
+  const Tensor target = i64_tensor({3, -100, 8, 0, 0, -100, 5}, {7});
+  for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
+    Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+    const Tensor ref = cross_entropy(linear(xr, wr), target, -100, reduction);
+    ref.backward();
+    for (int64_t chunk : {1, 2, 3, 7, 0}) {
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+      LinearCrossEntropyOptions o;
+      o.reduction = reduction;
+      o.chunk_rows = chunk;
+      const Tensor loss = linear_cross_entropy(x, w, target, o);
+      EXPECT_EQ(loss.shape(), Shape{});
+      EXPECT_NEAR(loss.item(), ref.item(), 1e-12) << "chunk_rows " << chunk;
+      (loss * 3.0).backward();  // an incoming gradient other than 1 reaches both inputs
+      EXPECT_LE(relative_norm_error(x.grad(), xr.grad() * 3.0), 1e-13) << "dx, chunk_rows " << chunk;
+      EXPECT_LE(relative_norm_error(w.grad(), wr.grad() * 3.0), 1e-13) << "dW, chunk_rows " << chunk;
+      const std::vector<double> gx = x.grad().to_vector<double>();
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(gx[5 + c], 0.0) << "ignored row 1 has no gradient";
+    }
+  }
+}
+
+TEST(LinearCrossEntropy, AFrozenWeightGetsNoGradientAndNoGradModeRecordsNothing) {
+  Generator gen(6);
+  Tensor x = randn({4, 3}, DType::f64, &gen).requires_grad_();
+  const Tensor w = randn({6, 3}, DType::f64, &gen);  // frozen: the LoRA case
+  const Tensor target = i64_tensor({0, 5, 2, 2}, {4});
+  linear_cross_entropy(x, w, target).backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  NoGradGuard no_grad;
+  EXPECT_FALSE(linear_cross_entropy(x, w, target).requires_grad());
+}
+
+// Under bf16 autocast both paths run their GEMMs in bf16; the fused one never
+// rounds the logits' gradient by the 1/N of the mean (it scales afterwards), so
+// the two agree to bf16 rounding, not bitwise.
+TEST(LinearCrossEntropy, UnderAutocastMatchesLinearThenCrossEntropy) {
+  Generator gen(7);
+  const Tensor x0 = randn({64, 32}, DType::f32, &gen), w0 = randn({100, 32}, DType::f32, &gen) * 0.2;
+  const Tensor target = raw::to(uniform({64}, 0, 99.999, DType::f64, &gen), DType::i64);
+  Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+  Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  Tensor ref, loss;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    ref = cross_entropy(linear(xr, wr), target);
+    LinearCrossEntropyOptions o;
+    o.chunk_rows = 24;
+    loss = linear_cross_entropy(x, w, target, o);
+  }
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  EXPECT_NEAR(loss.item(), ref.item(), 1e-6 * std::abs(ref.item()));  // the same bf16 logits, the same f32 sums
+  ref.backward();
+  loss.backward();
+  EXPECT_EQ(x.grad().dtype(), DType::f32);
+  EXPECT_LE(relative_norm_error(x.grad(), xr.grad()), 1e-2);
+  EXPECT_LE(relative_norm_error(w.grad(), wr.grad()), 1e-2);
+}
+
+TEST(LinearCrossEntropy, ErrorsNameTheOpAndShapes) {
+  const Tensor x = ones({4, 3}), w = ones({5, 3}), t = i64_tensor({0, 1, 2, 3}, {4});
+  expect_contains(error_of([&] {
+                    linear_cross_entropy(x, ones({5, 2}), t);
+                  }),
+                  {"linear_cross_entropy", "[4, 3]", "[5, 2]"});
+  expect_contains(error_of([&] {
+                    linear_cross_entropy(x, w, i64_tensor({0, 1}, {2}));
+                  }),
+                  {"linear_cross_entropy", "target", "[2]"});
+  expect_contains(error_of([&] {
+                    linear_cross_entropy(x, w, i64_tensor({0, 1, 9, 3}, {4}));
+                  }),
+                  {"target value 9", "5 classes"});
+  LinearCrossEntropyOptions none;
+  none.reduction = Reduction::none;
+  expect_contains(error_of([&] { linear_cross_entropy(x, w, t, none); }), {"linear_cross_entropy", "none"});
+}
+
 TEST(LayerNorm, RowsHaveZeroMeanAndUnitVarianceWithoutAffine) {
   Generator gen(10);
   for (DType dtype : {DType::f64, DType::f32}) {
@@ -377,18 +499,6 @@ TEST(Norm, ErrorsNameTheOpShapesAndDtypes) {
 // ---- CUDA at sizes the contract's small cases do not reach: many warps per row,
 // more rows than one grid launches, several row groups for dweight / dbias ----
 
-double relative_norm_error(const Tensor& got, const Tensor& ref) {
-  const std::vector<double> a = got.to_vector<double>(), b = ref.to_vector<double>();
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
-    if (std::isnan(a[i])) continue;
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
-
 // fn(inputs, extra) on CUDA in `dtype` against fn on the CPU in f64 from the same
 // rounded inputs: the output and every input's gradient, by relative norm.
 void expect_cuda_matches_f64(const std::string& name, const std::vector<Tensor>& inputs, const Tensor& extra,
@@ -449,6 +559,14 @@ TEST(SoftmaxLossNormCuda, LargeShapesMatchF64Cpu) {
     expect_cuda_matches_f64("cross_entropy_tall_sum", {normal({70001, 3})},
                             raw::to(uniform({70001}, 0, 2.999, DType::f64, &gen), DType::i64), dtype, tol,
                             [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::sum); });
+    // Chunks of 256 rows: 3 chunks, the last partial; both gradients.
+    expect_cuda_matches_f64("linear_cross_entropy_vocab", {normal({600, 768}), normal({50257, 768}, 0.02)},
+                            raw::to(uniform({600}, 0, 50256.999, DType::f64, &gen), DType::i64), dtype, tol,
+                            [](const In& x) {
+                              LinearCrossEntropyOptions o;
+                              o.chunk_rows = 256;
+                              return linear_cross_entropy(x[0], x[1], x[2], o);
+                            });
     expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
                             [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
     expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
