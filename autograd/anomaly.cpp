@@ -23,16 +23,6 @@ const char* first_non_finite(const Tensor& t) {
   return nullptr;
 }
 
-// The forward op's name from its backward node's ("logBackward" -> "log").
-std::string op_name(const autograd::Node& node) {
-  std::string name = node.name();
-  const std::string suffix = "Backward";
-  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    name.resize(name.size() - suffix.size());
-  }
-  return name;
-}
-
 }  // namespace
 
 bool detect_anomaly_enabled() { return g_detect_anomaly.load(std::memory_order_relaxed); }
@@ -44,8 +34,9 @@ void check_forward_outputs(const Node& node, const std::vector<Tensor>& outputs)
   if (!detect_anomaly_enabled()) return;
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (const char* found = first_non_finite(outputs[i])) {
-      throw Error(mt::detail::str_cat("anomaly: forward of '", op_name(node), "' produced ", found, " in output ", i,
-                                      " (", shape_str(outputs[i].shape()), " ", dtype_name(outputs[i].dtype()), ")"));
+      throw Error(mt::detail::str_cat("anomaly: forward of '", autograd::forward_op_name(node), "' produced ", found,
+                                      " in output ", i, " (", shape_str(outputs[i].shape()), " ",
+                                      dtype_name(outputs[i].dtype()), ")"));
     }
   }
 }

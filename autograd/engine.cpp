@@ -9,6 +9,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/profiler.h"
 #include "core/view.h"
 
 namespace mt::autograd {
@@ -127,6 +128,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (replaced.defined()) inputs[slot] = std::move(replaced);
     }
 
+    const bool profiling = OpProfiler::active();
+    if (profiling) OpProfiler::mark("backward (between nodes)");
     std::vector<Tensor> out;
     if (node->has_stream) {
       cuda::StreamGuard on_forward_stream(node->stream);
@@ -134,6 +137,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     } else {
       out = node->apply(std::move(inputs));
     }
+    if (profiling) OpProfiler::mark("backward " + node->name());
     if (!retain_graph) {
       node->release_saved();
       if (dynamic_cast<AccumulateGrad*>(node) == nullptr) node->released = true;

@@ -4,6 +4,7 @@
 
 #include "autograd/anomaly.h"
 #include "autograd/function.h"
+#include "autograd/profiler.h"
 #include "core/view.h"
 
 namespace mt::autograd {
@@ -121,6 +122,15 @@ Edge gradient_edge(const Tensor& t) {
   return Edge{acc, 0};
 }
 
+std::string forward_op_name(const Node& node) {
+  std::string name = node.name();
+  const std::string suffix = "Backward";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    name.resize(name.size() - suffix.size());
+  }
+  return name;
+}
+
 void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
   node->next_edges.clear();
   node->input_meta.clear();
@@ -142,6 +152,7 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
     node->output_meta.push_back(TensorMeta::of(out));
   }
   anomaly::check_forward_outputs(*node, outputs);
+  if (OpProfiler::active()) OpProfiler::mark("forward " + forward_op_name(*node));
 }
 
 std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) { return fn_(grad_outputs, *this); }

@@ -83,6 +83,9 @@ class Node : public std::enable_shared_from_this<Node> {
   cuda::Stream stream;  // the stream the forward ran on (CUDA inputs); backward runs there
 };
 
+// The forward op's name from its backward node's ("logBackward" -> "log").
+std::string forward_op_name(const Node& node);
+
 // The node at the end of every leaf that requires grad: adds the incoming
 // gradient into leaf.grad() (in the leaf's dtype), then runs post-accumulate hooks.
 class AccumulateGrad : public Node {

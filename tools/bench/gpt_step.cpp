@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "autograd/profiler.h"
 #include "core/cuda_context.h"
 #include "examples/gpt/trainer.h"
 #include "ops/nn/gpt.h"
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str();
   app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(CLI::PositiveNumber);
+  int64_t profile_steps = 0;
+  app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -86,10 +90,7 @@ int main(int argc, char** argv) {
       mt::AdamW opt(model.trainable_parameters(), mt::AdamWOptions(1e-4));
       std::vector<double> times;
       double loss_value = 0;
-      for (int64_t step = 0; step < warmup + steps; ++step) {
-        if (step == warmup && device.is_cuda()) mt::cuda::reset_peak_memory(device.index);
-        sync();
-        const auto start = std::chrono::steady_clock::now();
+      auto train_step = [&] {
         mt::Tensor loss;
         {
           mt::AutocastGuard guard(device.type, low, autocast);
@@ -98,6 +99,13 @@ int main(int argc, char** argv) {
         opt.zero_grad();
         loss.backward();
         opt.step();
+        return loss;
+      };
+      for (int64_t step = 0; step < warmup + steps; ++step) {
+        if (step == warmup && device.is_cuda()) mt::cuda::reset_peak_memory(device.index);
+        sync();
+        const auto start = std::chrono::steady_clock::now();
+        const mt::Tensor loss = train_step();
         sync();
         if (step >= warmup)
           times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -112,6 +120,14 @@ int main(int argc, char** argv) {
       std::printf("%-10s %20s %8.1f (%.2fx) %12.0f %10.4f\n", mode.c_str(), memory, ms, ms / base_ms,
                   static_cast<double>(batch * seq) / (ms / 1e3), loss_value);
       std::fflush(stdout);
+      if (profile_steps > 0) {
+        mt::OpProfiler profiler(device);
+        for (int64_t step = 0; step < profile_steps; ++step) {
+          train_step();
+          profiler.step();
+        }
+        std::printf("%s", profiler.report().c_str());
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Every benchmark, ours and PyTorch's twin side by side, on the GPU machine. Called by
 # `tools/device_check.sh --bench` after the build; BUILD names the build folder.
+# MT_PROFILE_STEPS (default 3) steps per mode are then profiled op by op.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${BUILD:-build-device}"
+profile="${MT_PROFILE_STEPS:-3}"
 
 echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing =="
-"$build/tools/gpt_step" --device cuda --checkpoint off,blocks,selective --lora-r 8 --lora-targets c_attn
+"$build/tools/gpt_step" --device cuda --checkpoint off,blocks,selective --lora-r 8 --lora-targets c_attn \
+  --profile "$profile"
+echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
 echo "-- PyTorch + PEFT --"
 python3 tools/bench/gpt_step_torch.py

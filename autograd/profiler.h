@@ -1,0 +1,60 @@
+// Where a training step's time goes, op by op: a small torch.profiler.
+//
+//   mt::OpProfiler profiler(mt::cuda_device(0));  // marks from now on
+//   for (...) { train_step(); profiler.step(); }  // step() closes one step
+//   std::cout << profiler.report();               // ops by time: ms per step, share
+//
+// Marks cut the step into intervals, each charged to the label of the mark that
+// ends it:
+//   "forward <op>"     from the previous mark to the op's autograd::record, so the
+//                      casts and copies it made on the way are its own
+//   "backward <Node>"  a backward node's apply()
+//   "backward (between nodes)"  the engine's work between two nodes: gradient
+//                      accumulation, zero-filling, hooks (DDP's reduction calls)
+//   "after backward"   from the last mark to step(): the optimizer, the scaler
+// Ops that record nothing (under no_grad, or not differentiable) fall into the
+// interval of the next mark. On CUDA a mark is a timing event on the device's
+// current stream: the figures are device time, with no synchronisation inside a
+// step; step() waits once for the step's last event. On the CPU marks read a
+// steady clock. One profiler at a time per process.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace mt {
+
+class OpProfiler {
+ public:
+  explicit OpProfiler(Device device);
+  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+
+  void step();  // ends a step: waits for its marks and adds their intervals up
+  struct Row {
+    std::string label;
+    double total_ms = 0;
+    int64_t calls = 0;
+  };
+  std::vector<Row> rows() const;  // sorted by total time, descending
+  int64_t steps() const { return steps_; }
+  double total_ms() const;                    // over all steps
+  std::string report(size_t top = 40) const;  // a table of per-step figures
+
+  // Called by autograd (record, the engine) while a profiler is active.
+  static bool active();
+  static void mark(const std::string& label);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace mt
