@@ -58,7 +58,10 @@ class CheckpointBackward : public autograd::Node {
     std::vector<Tensor> inputs;  // fresh leaves: the inner backward leaves their gradients in grad()
     for (size_t i = 0; i < saved_.size(); ++i) {
       Tensor t = saved_[i].unpack(*this).detach();
-      if (input_requires_grad_[i]) t.requires_grad_(true);
+      if (input_requires_grad_[i]) {
+        t.requires_grad_(true);
+        autograd::meta(t).keep_incoming_grad = true;  // no copy: the gradient is passed straight on
+      }
       inputs.push_back(t);
     }
     const std::vector<Tensor> outputs = recompute(inputs);

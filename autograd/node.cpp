@@ -69,8 +69,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   }
   if (grad.dtype() != leaf.dtype()) grad = raw::to(grad, leaf.dtype());  // accumulate in the leaf's dtype
   if (!m.grad.defined()) {
-    // Own the gradient: the incoming tensor may alias another buffer of the graph.
-    m.grad = raw::clone(grad);
+    // Own the gradient: the incoming tensor may alias another buffer of the graph,
+    // unless this handle is its only owner (then it is taken as is, without a copy)
+    // or the leaf asked for the gradient as it comes (checkpoint's recompute inputs).
+    const bool sole_owner = grad.impl_use_count() == 1 && grad.storage().use_count() == 1;
+    m.grad = m.keep_incoming_grad || (sole_owner && grad.is_contiguous()) ? grad : raw::clone(grad);
   } else {
     raw::accumulate_(m.grad, grad);
   }

@@ -107,6 +107,9 @@ struct AutogradMeta {
   std::weak_ptr<AccumulateGrad> grad_accumulator;  // leaves: created on first use
   std::vector<std::function<Tensor(const Tensor&)>> leaf_hooks;
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
+  // The first gradient is stored as it arrives, whatever its layout, instead of
+  // a copy: set on checkpoint's recompute inputs, whose gradient is handed on at once.
+  bool keep_incoming_grad = false;
 };
 
 // The autograd meta of t, created on demand.

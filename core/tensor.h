@@ -89,6 +89,7 @@ class Tensor {
   bool defined() const { return impl_ != nullptr; }
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  long impl_use_count() const { return impl_.use_count(); }  // handles sharing this impl
 
   // ---- metadata ----
   const Shape& shape() const { return checked()->shape; }

@@ -203,10 +203,14 @@ Tensor GPTBody::forward(const Tensor& ids) const {
   Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
   x = mt::dropout(x, dropout, is_training());
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const std::shared_ptr<Block>& block = blocks[i];
-    const bool recompute =
-        checkpointing.mode == GPTCheckpointing::Mode::blocks && static_cast<int64_t>(i) % checkpointing.every == 0;
-    x = recompute ? checkpoint([block](const Tensor& t) { return block->forward(t); }, x) : block->forward(x);
+    // The last block is never recomputed: backward reaches it first, right after the
+    // head, and would rebuild at once the activations that keeping them holds. Keeping
+    // them raises the peak by at most the head's working memory (one chunk of logits),
+    // and saves one block's forward.
+    const bool last = i + 1 == blocks.size() && blocks.size() > 1;
+    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last &&
+                           static_cast<int64_t>(i) % checkpointing.every == 0;
+    x = recompute ? blocks[i]->forward_checkpointed(x) : blocks[i]->forward(x);
   }
   return ln_f->forward(x);
 }

@@ -42,8 +42,9 @@ struct GPTConfig {
 
 // Gradient checkpointing of the blocks (autograd/checkpoint.h), set by GPT::set_checkpointing:
 //   off        every activation is kept
-//   blocks     every `every`-th block keeps only its input and is recomputed in backward
-//              (every = 1: all blocks; the most memory saved, one extra forward of the blocks)
+//   blocks     every `every`-th block but the last keeps only its input and is recomputed
+//              in backward (every = 1: all of them; the most memory saved, one extra forward
+//              of the blocks; see Block::forward_checkpointed for what a frozen MLP skips)
 //   selective  each block keeps its GEMM outputs and recomputes only the attention core, whose
 //              [B, H, T, T] scores and probabilities dominate memory at long T (Korthikanti et al. 2022)
 struct GPTCheckpointing {

@@ -54,4 +54,18 @@ Tensor Block::forward(const Tensor& x) const {
   return add(h, mlp->forward(ln_2->forward(h)));
 }
 
+Tensor Block::forward_checkpointed(const Tensor& x) const {
+  bool projection_trains = false;
+  for (const Tensor& p : mlp->c_proj->parameters()) projection_trains = projection_trains || p.requires_grad();
+  if (projection_trains) return checkpoint([this](const Tensor& t) { return forward(t); }, x);
+  // Segment: x -> (h, GELU(c_fc(ln_2(h)))); then h + dropout(c_proj(hidden)) outside it.
+  const std::vector<Tensor> kept = checkpoint(
+      [this](const std::vector<Tensor>& in) {
+        const Tensor h = add(in[0], attn->forward(ln_1->forward(in[0])));
+        return std::vector<Tensor>{h, gelu(mlp->c_fc->forward(ln_2->forward(h)), GeluApproximation::tanh)};
+      },
+      {x});
+  return add(kept[0], mt::dropout(mlp->c_proj->forward(kept[1]), mlp->dropout, mlp->is_training()));
+}
+
 }  // namespace mt::nn

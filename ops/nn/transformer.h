@@ -55,6 +55,12 @@ class Block : public Module {
  public:
   Block(const TransformerShape& shape, Generator* generator);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // forward() with activation checkpointing (autograd/checkpoint.h): only x is kept
+  // and the block is re-run in backward. When nothing in the MLP's output projection
+  // trains (a frozen base without an adapter there), that projection, its dropout and
+  // the last residual add stay outside the recomputed segment: their backward needs no
+  // activation (only the weight), so backward re-runs ln_1 .. GELU and not that GEMM.
+  Tensor forward_checkpointed(const Tensor& x) const;
   std::shared_ptr<LayerNorm> ln_1;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<LayerNorm> ln_2;

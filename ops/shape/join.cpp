@@ -21,6 +21,29 @@ std::string describe_all(const std::vector<Tensor>& tensors) {
   return s;
 }
 
+// The pieces of x along d starting at `starts` with `lengths`: views, recorded as
+// one node, so backward writes each piece's gradient into one buffer once
+// (a piece without a gradient gets zeros there) instead of each piece scattering
+// into a full-size zero tensor and the engine adding those up.
+std::vector<Tensor> split_views(const Tensor& x, int64_t d, const std::vector<int64_t>& starts,
+                                const std::vector<int64_t>& lengths) {
+  std::vector<Tensor> pieces;
+  for (size_t i = 0; i < starts.size(); ++i) pieces.push_back(raw::narrow(x, d, starts[i], lengths[i]));
+  if (autograd::needs_grad({x})) {
+    auto node = std::make_shared<LambdaNode>(
+        "SplitBackward", [d, starts, lengths](const std::vector<Tensor>& g, const LambdaNode& self) {
+          const autograd::TensorMeta& m = self.input_meta[0];
+          Tensor dx = empty(m.shape, TensorOptions().dtype(m.dtype).device(m.device));
+          for (size_t i = 0; i < starts.size(); ++i) {
+            if (lengths[i] > 0) raw::narrow(dx, d, starts[i], lengths[i]).copy_(g[i]);
+          }
+          return std::vector<Tensor>{dx};
+        });
+    autograd::record(node, {x}, pieces);
+  }
+  return pieces;
+}
+
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& inputs, int64_t dim) {
@@ -95,11 +118,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   MT_CHECK(split_size > 0 || (split_size == 0 && length == 0), "split: split_size must be positive, got ", split_size,
            " for ", ops::describe(x), " along dimension ", d);
   if (length == 0) return {x.narrow(d, 0, 0)};
-  std::vector<Tensor> pieces;
+  std::vector<int64_t> starts, lengths;
   for (int64_t start = 0; start < length; start += split_size) {
-    pieces.push_back(x.narrow(d, start, std::min(split_size, length - start)));
+    starts.push_back(start);
+    lengths.push_back(std::min(split_size, length - start));
   }
-  return pieces;
+  return split_views(x, d, starts, lengths);
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
@@ -115,13 +139,13 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   MT_CHECK_T(ShapeError, total == x.size(d), "split: sizes [", list, "] sum to ", total, " but ", ops::describe(x),
              " has ", x.size(d), " along dimension ", d);
-  std::vector<Tensor> pieces;
+  std::vector<int64_t> starts;
   int64_t start = 0;
   for (int64_t s : sizes) {
-    pieces.push_back(x.narrow(d, start, s));
+    starts.push_back(start);
     start += s;
   }
-  return pieces;
+  return split_views(x, d, starts, sizes);
 }
 
 }  // namespace mt

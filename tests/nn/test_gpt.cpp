@@ -256,12 +256,27 @@ TEST(GPT, LoraMergeAndUnloadGivesAPlainModelWithTheAdaptersEffect) {
 }
 
 // Loss and every parameter's gradient after one backward, in training mode with dropout.
-std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpointing, Device device) {
+// With lora_targets, LoRA adapters (r 2) on those modules and the base frozen.
+std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpointing, Device device,
+                                                const std::vector<std::string>& lora_targets = {}) {
   GPTConfig c = tiny_config();
   c.n_layer = 3;
   c.dropout = 0.2;
   Generator g(31);
   GPT model(c, &g);
+  if (!lora_targets.empty()) {
+    LoRAOptions lora;
+    lora.r = 2;
+    lora.target_modules = lora_targets;
+    lora.dropout = 0.1;
+    apply_lora(model, lora, &g);
+    for (const auto& [name, p] : model.named_parameters()) {  // B = 0 at init would hide A's gradient path
+      if (name.find("lora_B") != std::string::npos) {
+        NoGradGuard no_grad;
+        p.copy_(randn(p.shape(), DType::f32, &g) * 0.1);
+      }
+    }
+  }
   model.to(device);
   model.set_checkpointing(checkpointing);
   manual_seed(77);  // the dropout masks
@@ -269,7 +284,9 @@ std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpoi
   const Tensor loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
   loss.backward();
   std::vector<std::vector<double>> out = {{loss.item()}};
-  for (const auto& [name, p] : model.named_parameters()) out.push_back(values(p.grad()));
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad()) out.push_back(values(p.grad()));
+  }
   return out;
 }
 
@@ -277,6 +294,22 @@ TEST(GPT, CheckpointingGivesBitIdenticalGradientsWithDropout) {
   const auto plain = gradients_with(GPTCheckpointing{}, kCPU);
   for (const char* mode : {"blocks", "blocks:2", "selective"}) {
     EXPECT_EQ(gradients_with(GPTCheckpointing::parse(mode), kCPU), plain) << mode;
+  }
+}
+
+// LoRA on c_attn only: the MLP's projection is frozen, so checkpointed blocks keep it
+// (and the dropout after it) outside the recomputed segment; on c_proj too, it trains
+// and whole blocks are recomputed. Both must still give the plain run's gradients bit for bit.
+TEST(GPT, CheckpointingWithFrozenProjectionsGivesBitIdenticalLoraGradients) {
+  for (const std::vector<std::string>& targets :
+       {std::vector<std::string>{"c_attn"}, std::vector<std::string>{"c_attn", "c_proj"}}) {
+    const auto plain = gradients_with(GPTCheckpointing{}, kCPU, targets);
+    const size_t adapted_per_block = targets.size() == 1 ? 1 : 3;  // "c_proj" is attn's and the MLP's projection
+    ASSERT_EQ(plain.size(), 1 + 2 * 3 * adapted_per_block) << "loss and two adapter matrices per adapted layer";
+    for (const char* mode : {"blocks", "blocks:2", "selective"}) {
+      EXPECT_EQ(gradients_with(GPTCheckpointing::parse(mode), kCPU, targets), plain)
+          << mode << " with " << targets.size() << " target(s)";
+    }
   }
 }
 
