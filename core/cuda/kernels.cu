@@ -4,6 +4,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
+#include "core/cuda/packed.cuh"
 #include "core/dispatch.h"
 #include "core/kernels.h"
 #include "core/random.h"
@@ -21,6 +22,46 @@ __global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedInde
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dst[di.offset(i)] = convert<D>(src[si.offset(i)]);
   }
+}
+
+// Dense copies with a dtype conversion: packs of 16 bytes of the source.
+template <typename D, typename S>
+__global__ void copy_packed_kernel(D* dst, const S* src, int64_t n) {
+  constexpr int N = cuda::pack_size<S>();
+  cuda::for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        const cuda::Pack<S, N> x = reinterpret_cast<const cuda::Pack<S, N>*>(src)[i];
+        cuda::Pack<D, N> y;
+#pragma unroll
+        for (int k = 0; k < N; ++k) y.v[k] = convert<D>(x.v[k]);
+        reinterpret_cast<cuda::Pack<D, N>*>(dst)[i] = y;
+      },
+      [&](int64_t i) { dst[i] = convert<D>(src[i]); });
+}
+
+// Dense dst += src (gradient accumulation), packs of 16 bytes of the destination.
+template <typename D, typename S>
+__global__ void accumulate_packed_kernel(D* dst, const S* src, int64_t n) {
+  constexpr int N = cuda::pack_size<D>();
+  using A = acc_t<D>;
+  cuda::for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        cuda::Pack<D, N> y = reinterpret_cast<cuda::Pack<D, N>*>(dst)[i];
+        const cuda::Pack<S, N> x = reinterpret_cast<const cuda::Pack<S, N>*>(src)[i];
+#pragma unroll
+        for (int k = 0; k < N; ++k) y.v[k] = convert<D>(convert<A>(y.v[k]) + convert<A>(x.v[k]));
+        reinterpret_cast<cuda::Pack<D, N>*>(dst)[i] = y;
+      },
+      [&](int64_t i) { dst[i] = convert<D>(convert<A>(dst[i]) + convert<A>(src[i])); });
+}
+
+// Both dense, and each aligned for packs of `pack` elements of its dtype.
+bool packable_pair(const Tensor& dst, const Tensor& src, int pack) {
+  return dst.is_contiguous() && src.is_contiguous() &&
+         cuda::aligned_to(dst.data_ptr(), static_cast<size_t>(pack) * element_size(dst.dtype())) &&
+         cuda::aligned_to(src.data_ptr(), static_cast<size_t>(pack) * element_size(src.dtype()));
 }
 
 template <typename D, typename S>
@@ -67,6 +108,22 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
         cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream.handle()));
     return;
   }
+  if (is_floating(dst.dtype()) && is_floating(src.dtype())) {  // casts between floating dtypes, dense
+    bool done = false;
+    dispatch_floating(dst.dtype(), "copy", [&](auto dst_tag) {
+      using D = typename decltype(dst_tag)::type;
+      dispatch_floating(src.dtype(), "copy", [&](auto src_tag) {
+        using S = typename decltype(src_tag)::type;
+        constexpr int N = cuda::pack_size<S>();
+        if (!packable_pair(dst, src, N)) return;
+        copy_packed_kernel<D, S><<<cuda::grid_for(n / N + 1), cuda::kBlockSize, 0, stream.handle()>>>(
+            static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n);
+        MT_CUDA_CHECK_LAUNCH();
+        done = true;
+      });
+    });
+    if (done) return;
+  }
   const StridedIndexer di(dst), si(src);
   dispatch_all(dst.dtype(), "copy", [&](auto dst_tag) {
     using D = typename decltype(dst_tag)::type;
@@ -88,6 +145,13 @@ void accumulate_cuda(const Tensor& dst, const Tensor& src) {
     using D = typename decltype(dst_tag)::type;
     dispatch_floating(src.dtype(), "accumulate_", [&](auto src_tag) {
       using S = typename decltype(src_tag)::type;
+      constexpr int N = cuda::pack_size<D>();
+      if (packable_pair(dst, src, N)) {
+        accumulate_packed_kernel<D, S><<<cuda::grid_for(n / N + 1), cuda::kBlockSize, 0, stream.handle()>>>(
+            static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n);
+        MT_CUDA_CHECK_LAUNCH();
+        return;
+      }
       accumulate_kernel<D, S><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
           static_cast<D*>(dst.data_ptr()), di, static_cast<const S*>(src.data_ptr()), si, n);
       MT_CUDA_CHECK_LAUNCH();

@@ -1,9 +1,12 @@
 // CUDA element loops: the device twins of ops/loops.h. Same contract: inputs
-// broadcast to the output's shape, one dtype, math in acc_t<T>.
+// broadcast to the output's shape, one dtype, math in acc_t<T>. When every
+// operand is dense and 16-byte aligned (the common case: fresh activations) the
+// packed kernels run (core/cuda/packed.cuh); otherwise the strided ones.
 #pragma once
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
+#include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "core/strided.h"
@@ -43,6 +46,65 @@ __global__ void ternary_kernel(T* out, StridedIndexer oi, const T* a, StridedInd
   }
 }
 
+template <typename T, typename Op>
+__global__ void unary_packed_kernel(T* out, const T* in, int64_t n, Op op) {
+  using A = acc_t<T>;
+  constexpr int N = pack_size<T>();
+  using P = Pack<T, N>;
+  for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        const P x = reinterpret_cast<const P*>(in)[i];
+        P y;
+#pragma unroll
+        for (int k = 0; k < N; ++k) y.v[k] = convert<T>(op(convert<A>(x.v[k])));
+        reinterpret_cast<P*>(out)[i] = y;
+      },
+      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(in[i]))); });
+}
+
+template <typename T, typename Op>
+__global__ void binary_packed_kernel(T* out, const T* a, const T* b, int64_t n, Op op) {
+  using A = acc_t<T>;
+  constexpr int N = pack_size<T>();
+  using P = Pack<T, N>;
+  for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        const P x = reinterpret_cast<const P*>(a)[i];
+        const P y = reinterpret_cast<const P*>(b)[i];
+        P z;
+#pragma unroll
+        for (int k = 0; k < N; ++k) z.v[k] = convert<T>(op(convert<A>(x.v[k]), convert<A>(y.v[k])));
+        reinterpret_cast<P*>(out)[i] = z;
+      },
+      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(a[i]), convert<A>(b[i]))); });
+}
+
+template <typename T, typename Op>
+__global__ void ternary_packed_kernel(T* out, const T* a, const T* b, const T* c, int64_t n, Op op) {
+  using A = acc_t<T>;
+  constexpr int N = pack_size<T>();
+  using P = Pack<T, N>;
+  for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        const P x = reinterpret_cast<const P*>(a)[i];
+        const P y = reinterpret_cast<const P*>(b)[i];
+        const P w = reinterpret_cast<const P*>(c)[i];
+        P z;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          z.v[k] = convert<T>(op(convert<A>(x.v[k]), convert<A>(y.v[k]), convert<A>(w.v[k])));
+        }
+        reinterpret_cast<P*>(out)[i] = z;
+      },
+      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(a[i]), convert<A>(b[i]), convert<A>(c[i]))); });
+}
+
+// Dense and 16-byte aligned: the packed kernels can read and write t.
+inline bool packable(const Tensor& t) { return t.is_contiguous() && aligned_to(t.data_ptr(), 16); }
+
 }  // namespace loops_detail
 
 template <typename Op>
@@ -52,6 +114,12 @@ void map_unary(const Tensor& out, const Tensor& in, const char* name, Op op) {
   const Stream stream = current_stream(out.device().index);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (loops_detail::packable(out) && loops_detail::packable(in)) {
+      loops_detail::unary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
+          static_cast<T*>(out.data_ptr()), static_cast<const T*>(in.data_ptr()), n, op);
+      MT_CUDA_CHECK_LAUNCH();
+      return;
+    }
     loops_detail::unary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
         static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(in.data_ptr()), StridedIndexer(in),
         n, op);
@@ -66,6 +134,13 @@ void map_binary(const Tensor& out, const Tensor& a, const Tensor& b, const char*
   const Stream stream = current_stream(out.device().index);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (loops_detail::packable(out) && loops_detail::packable(a) && loops_detail::packable(b)) {
+      loops_detail::binary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
+          static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()), n,
+          op);
+      MT_CUDA_CHECK_LAUNCH();
+      return;
+    }
     loops_detail::binary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
         static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(a.data_ptr()), StridedIndexer(a),
         static_cast<const T*>(b.data_ptr()), StridedIndexer(b), n, op);
@@ -80,6 +155,14 @@ void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
   const Stream stream = current_stream(out.device().index);
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (loops_detail::packable(out) && loops_detail::packable(a) && loops_detail::packable(b) &&
+        loops_detail::packable(c)) {
+      loops_detail::ternary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
+          static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
+          static_cast<const T*>(c.data_ptr()), n, op);
+      MT_CUDA_CHECK_LAUNCH();
+      return;
+    }
     loops_detail::ternary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
         static_cast<T*>(out.data_ptr()), StridedIndexer(out), static_cast<const T*>(a.data_ptr()), StridedIndexer(a),
         static_cast<const T*>(b.data_ptr()), StridedIndexer(b), static_cast<const T*>(c.data_ptr()), StridedIndexer(c),

@@ -1,8 +1,15 @@
 // CUDA embedding kernels. Ids are not checked on the host (that would need a
 // device-to-host sync); the kernels stay in bounds: an out-of-range id gives a
-// NaN row forward and is skipped backward. The backward scatter-adds with
-// atomicAdd into an acc_t buffer (f32, or f64 for f64), so the summation order
-// of repeated ids is not deterministic.
+// NaN row forward and is skipped backward.
+//
+// The backward is deterministic: the token positions are stably sorted by id
+// (CUB's radix sort), so the positions of each id sit together in increasing
+// order; one thread per (run of equal ids, column) then adds those rows in that
+// order and writes the sum once. No atomics, so repeated ids (a common word
+// seen hundreds of times in a batch) always sum in the same order and a run is
+// bit-for-bit repeatable.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
 #include "core/cuda_context.h"
@@ -27,16 +34,31 @@ __global__ void embedding_forward_kernel(T* out, const T* weight, const I* ids, 
   }
 }
 
-// grad_weight // [V, C] in A, grad_out // [N, C], ids // [N]; one thread per grad_out element.
-template <typename T, typename A, typename I>
-__global__ void embedding_backward_kernel(A* grad_weight, const T* grad_out, const I* ids, int64_t N, int64_t C,
-                                          int64_t V) {
-  const int64_t total = N * C;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+// Positions 0..N-1, the values the sort carries along with the ids.
+__global__ void iota_kernel(int32_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C, c = i - n * C;
-    const auto v = static_cast<int64_t>(ids[n]);
-    if (v >= 0 && v < V) atomicAdd(grad_weight + v * C + c, convert<A>(grad_out[i]));
+    out[i] = static_cast<int32_t>(i);
+  }
+}
+
+// grad_weight // [V, C] in A (zeros), grad_out // [N, C]; sorted_ids // [N] ascending with their
+// positions // [N]. Thread (i, c) works only where a run of equal ids starts at i: it sums that
+// run's rows of column c in position order and writes the total once.
+template <typename T, typename A, typename I>
+__global__ void embedding_backward_sorted_kernel(A* grad_weight, const T* grad_out, const I* sorted_ids,
+                                                 const int32_t* positions, int64_t N, int64_t C, int64_t V) {
+  const int64_t total = N * C;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k / C, c = k - i * C;
+    const I id = sorted_ids[i];
+    if (i > 0 && sorted_ids[i - 1] == id) continue;  // not the start of a run
+    const auto v = static_cast<int64_t>(id);
+    if (v < 0 || v >= V) continue;
+    A sum = 0;
+    for (int64_t j = i; j < N && sorted_ids[j] == id; ++j) sum += convert<A>(grad_out[positions[j] * C + c]);
+    grad_weight[v * C + c] = sum;
   }
 }
 
@@ -70,9 +92,30 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
       using T = typename decltype(tag)::type;
       using A = acc_t<T>;
       MT_INTERNAL_ASSERT(grad_weight.dtype() == dtype_of<A>(), "embedding: accumulation buffer has the wrong dtype");
-      embedding_backward_kernel<T, A, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
-          static_cast<A*>(grad_weight.data_ptr()), static_cast<const T*>(grad_out.data_ptr()),
-          static_cast<const I*>(ids.data_ptr()), N, C, V);
+      MT_CHECK(N <= INT32_MAX, "embedding: ", N, " ids exceed the backward's 32-bit positions");
+      const TensorOptions on_device = TensorOptions().device(grad_out.device());
+      const Tensor positions = empty({N}, on_device.dtype(DType::i32));
+      const Tensor sorted_positions = empty({N}, on_device.dtype(DType::i32));
+      const Tensor sorted_ids = empty({N}, on_device.dtype(ids.dtype()));
+      iota_kernel<<<cuda::grid_for(N), cuda::kBlockSize, 0, stream.handle()>>>(
+          static_cast<int32_t*>(positions.data_ptr()), N);
+      MT_CUDA_CHECK_LAUNCH();
+      // Every bit of the key: an out-of-range id (negative, or >= V) must not share the low bits of a
+      // valid one, or it could split that id's run.
+      const int end_bit = static_cast<int>(8 * sizeof(I));
+      const auto* keys_in = static_cast<const I*>(ids.data_ptr());
+      auto* keys_out = static_cast<I*>(sorted_ids.data_ptr());
+      const auto* values_in = static_cast<const int32_t*>(positions.data_ptr());
+      auto* values_out = static_cast<int32_t*>(sorted_positions.data_ptr());
+      size_t scratch_bytes = 0;
+      MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, keys_in, keys_out, values_in, values_out,
+                                                    static_cast<int>(N), 0, end_bit, stream.handle()));
+      const Tensor scratch = empty({static_cast<int64_t>(scratch_bytes) + 1}, on_device.dtype(DType::u8));
+      MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), scratch_bytes, keys_in, keys_out, values_in,
+                                                    values_out, static_cast<int>(N), 0, end_bit, stream.handle()));
+      embedding_backward_sorted_kernel<T, A, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
+          static_cast<A*>(grad_weight.data_ptr()), static_cast<const T*>(grad_out.data_ptr()), keys_out, values_out, N,
+          C, V);
       MT_CUDA_CHECK_LAUNCH();
     });
   });

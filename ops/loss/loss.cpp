@@ -192,7 +192,6 @@ FusedHeadResult fused_head_forward(const Tensor& x, const Tensor& w, const Tenso
   Tensor lse = empty({rows}, acc_options);
   if (want_dx) r.dx_unit = empty({rows, hidden}, ops::options_of(x));
   if (want_dw) r.dw_unit = zeros({classes, hidden}, acc_options);
-  Tensor unit = full({}, 1.0, acc_options);  // the gradient of a unit (summed) loss
   const Tensor w3 = raw::unsqueeze(w, 0);
   Tensor logits_buffer = empty({std::min(rows, chunk_rows), classes}, ops::options_of(x));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -203,20 +202,21 @@ FusedHeadResult fused_head_forward(const Tensor& x, const Tensor& w, const Tenso
     ops::GemmArgs args;
     args.transpose_b = ops::Transpose::yes;  // logits = x W^T
     ops::gemm(raw::unsqueeze(logits, 0), raw::unsqueeze(xc, 0), w3, args);
+    const bool want_grad = want_dx || want_dw;
     if (x.is_cuda()) {
 #if MT_WITH_CUDA
-      ops::cross_entropy_forward_cuda(lc, sc, logits, tc, ignore_index);
-      if (want_dx || want_dw) {  // logits <- softmax - onehot, in place (each element reads only itself)
-        ops::cross_entropy_backward_cuda(logits, unit, logits, tc, sc, Tensor(), ignore_index, Reduction::sum);
+      if (want_grad) {  // logits <- softmax - onehot, in place
+        ops::cross_entropy_unit_grad_inplace_cuda(lc, sc, logits, tc, ignore_index);
+      } else {
+        ops::cross_entropy_forward_cuda(lc, sc, logits, tc, ignore_index);
       }
 #else
       ops::throw_no_cuda(kFusedOp);
 #endif
+    } else if (want_grad) {
+      ops::cross_entropy_unit_grad_inplace_cpu(lc, sc, logits, tc, ignore_index);
     } else {
       ops::cross_entropy_forward_cpu(lc, sc, logits, tc, ignore_index);
-      if (want_dx || want_dw) {
-        ops::cross_entropy_backward_cpu(logits, unit, logits, tc, sc, Tensor(), ignore_index, Reduction::sum);
-      }
     }
     if (want_dx) {  // dx_c [n, C] = dlogits [n, V] @ W [V, C]
       ops::gemm(raw::unsqueeze(raw::narrow(r.dx_unit, 0, r0, n), 0), raw::unsqueeze(logits, 0), w3);

@@ -104,6 +104,14 @@ void cross_entropy_backward_cpu(const Tensor& dlogits, const Tensor& grad, const
   });
 }
 
+void cross_entropy_unit_grad_inplace_cpu(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                         const Tensor& target, int64_t ignore_index) {
+  cross_entropy_forward_cpu(loss, lse, logits, target, ignore_index);
+  const Tensor unit = full({}, 1.0, TensorOptions().dtype(lse.dtype()));
+  // Element-wise in place: each gradient element reads only its own logit.
+  cross_entropy_backward_cpu(logits, unit, logits, target, lse, Tensor(), ignore_index, Reduction::sum);
+}
+
 void scale_by_loss_grad_cpu(const Tensor& out, const Tensor& in, const Tensor& grad, const Tensor& count,
                             Reduction reduction) {
   dispatch_floating(out.dtype(), kOp, [&](auto tag) {

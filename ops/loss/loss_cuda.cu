@@ -8,6 +8,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
+#include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "ops/loss/loss_kernels.h"
@@ -99,6 +100,67 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
+// One block per row: per-thread running (max, sum of exp) over the row, merged
+// across the block, then the row rewritten in place as softmax - onehot. Packed:
+// 16-byte loads and stores (the row length is a multiple of the pack and rows aligned).
+template <typename T, typename I, bool Packed>
+__global__ void cross_entropy_unit_grad_kernel(acc_t<T>* loss, acc_t<T>* lse, T* logits, const I* target, int64_t rows,
+                                               int64_t classes, int64_t ignore_index) {
+  using A = acc_t<T>;
+  constexpr int N = Packed ? cuda::pack_size<T>() : 1;
+  using P = cuda::Pack<T, N>;
+  __shared__ A scratch[rowwise::kWarpSize];
+  const int64_t packs = classes / N;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    P* x = reinterpret_cast<P*>(logits + r * classes);
+    A m = -std::numeric_limits<A>::infinity(), s = 0;
+    for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) {
+      const P v = x[c];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const A a = convert<A>(v.v[k]);
+        if (a > m) {
+          s = s * math::exp(m - a) + A(1);
+          m = a;
+        } else {
+          s += math::exp(a - m);
+        }
+      }
+    }
+    const A row_max = rowwise::block_reduce(m, rowwise::Max{}, scratch);
+    const A scaled = s == A(0) ? A(0) : s * math::exp(m - row_max);
+    const A row_sum = rowwise::block_reduce(scaled, rowwise::Sum{}, scratch);
+    const A l = row_max + math::log(row_sum);
+    const auto t = static_cast<int64_t>(target[r]);
+    const bool ignored = t == ignore_index;
+    const bool invalid = !ignored && (t < 0 || t >= classes);
+    if (threadIdx.x == 0) {
+      lse[r] = l;
+      loss[r] = ignored   ? A(0)
+                : invalid ? std::numeric_limits<A>::quiet_NaN()
+                          : l - convert<A>(logits[r * classes + t]);
+    }
+    __syncthreads();  // thread 0 read logits[t] above; the row is rewritten below
+    for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) {
+      P v = x[c];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int64_t j = c * N + k;
+        A g;
+        if (ignored) {
+          g = A(0);
+        } else if (invalid) {
+          g = std::numeric_limits<A>::quiet_NaN();
+        } else {
+          g = math::exp(convert<A>(v.v[k]) - l) - (j == t ? A(1) : A(0));
+        }
+        v.v[k] = convert<T>(g);
+      }
+      x[c] = v;
+    }
+  }
+}
+
 // out = in * g (/ count): in is T or acc_t<T> (see loss_kernels.h).
 template <typename T, typename In>
 __global__ void scale_by_loss_grad_kernel(T* out, const In* in, const acc_t<T>* grad, const int64_t* count, int64_t n) {
@@ -166,6 +228,28 @@ void cross_entropy_backward_cuda(const Tensor& dlogits, const Tensor& grad, cons
               static_cast<T*>(dlogits.data_ptr()), static_cast<const T*>(logits.data_ptr()),
               static_cast<const I*>(target.data_ptr()), static_cast<const A*>(lse.data_ptr()),
               static_cast<const A*>(grad.data_ptr()), grad_stride, count_ptr, rows, classes, ignore_index);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_unit_grad_inplace_cuda(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                          const Tensor& target, int64_t ignore_index) {
+  const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
+  if (rows == 0) return;
+  const cuda::Stream stream = cuda::current_stream(logits.device().index);
+  dispatch_floating(logits.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    constexpr int N = cuda::pack_size<T>();
+    const bool packed = classes % N == 0 && cuda::aligned_to(logits.data_ptr(), 16);
+    dispatch_index(target.dtype(), kOp, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      auto* kernel = packed ? cross_entropy_unit_grad_kernel<T, I, true> : cross_entropy_unit_grad_kernel<T, I, false>;
+      kernel<<<rowwise::row_grid(rows), rowwise::row_block_threads(packed ? classes / N : classes), 0,
+               stream.handle()>>>(static_cast<A*>(loss.data_ptr()), static_cast<A*>(lse.data_ptr()),
+                                  static_cast<T*>(logits.data_ptr()), static_cast<const I*>(target.data_ptr()), rows,
+                                  classes, ignore_index);
       MT_CUDA_CHECK_LAUNCH();
     });
   });

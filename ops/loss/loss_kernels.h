@@ -45,6 +45,16 @@ void cross_entropy_backward_cpu(const Tensor& dlogits, const Tensor& grad, const
 void cross_entropy_backward_cuda(const Tensor& dlogits, const Tensor& grad, const Tensor& logits, const Tensor& target,
                                  const Tensor& lse, const Tensor& count, int64_t ignore_index, Reduction reduction);
 
+// linear_cross_entropy's per-chunk step: loss and lse per row as
+// cross_entropy_forward, then the logits overwritten in place by
+// softmax - onehot (the gradient of a unit summed loss; zero rows for
+// ignore_index). On CUDA one kernel does both, reading each row from memory once
+// (its second read comes from L2) with 16-byte loads.
+void cross_entropy_unit_grad_inplace_cpu(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                         const Tensor& target, int64_t ignore_index);
+void cross_entropy_unit_grad_inplace_cuda(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                          const Tensor& target, int64_t ignore_index);
+
 // out = in * g, element-wise over contiguous tensors of equal numel, where g is
 // the loss's incoming gradient grad [] (loss dtype A), divided by count [] (i64)
 // for mean. in has out's dtype or A (a gradient accumulated in f32 for an f16/bf16

@@ -87,9 +87,11 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
                      "gemm: shapes do not match: out ", describe(out), ", op(a) ", describe(a), ", op(b) ",
                      describe(b));
   if (out.numel() == 0) return;
-  if (k == 0) {  // an empty sum: out = beta * out
+  if (k == 0) {  // an empty sum: out = beta * out (or the bias)
     Tensor target = out;
-    if (args.beta == 0.0) {
+    if (args.bias.defined()) {
+      target.copy_(raw::expand(args.bias, out.shape()));
+    } else if (args.beta == 0.0) {
       target.zero_();
     } else if (args.beta != 1.0) {
       NoGradGuard no_grad;
@@ -99,12 +101,24 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   }
 
   GemmProblem p;
+  if (args.bias.defined()) {
+    MT_INTERNAL_ASSERT(args.beta == 0.0 && args.bias.dim() == 1 && args.bias.size(0) == n &&
+                           args.bias.dtype() == out.dtype() && args.bias.device() == out.device(),
+                       "gemm: bias ", describe(args.bias), " for out ", describe(out), " with beta ", args.beta);
+    if (out.is_cuda()) {
+      p.bias = raw::contiguous(args.bias);
+    } else {  // the CPU kernels accumulate onto a copy of the bias instead
+      Tensor target = out;
+      target.copy_(raw::expand(args.bias, out.shape()));
+    }
+  }
+  const double beta = args.bias.defined() && !out.is_cuda() ? 1.0 : args.beta;
   p.batch = batch;
   p.m = m;
   p.n = n;
   p.k = k;
   p.alpha = args.alpha;
-  p.beta = args.beta;
+  p.beta = beta;
   p.a = make_operand(a, batch);
   p.b = make_operand(b, batch);
   p.c.tensor = out;
@@ -327,10 +341,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   Tensor out3 = raw::view(out, {1, rows, out_features});
   GemmArgs args;
   args.transpose_b = Transpose::yes;
-  if (bias.defined()) {
-    out3.copy_(bias);  // broadcast over the rows, converted to the output dtype
-    args.beta = 1.0;   // y = x W^T + y, y holding the bias
-  }
+  if (bias.defined()) args.bias = ops::as_dtype(bias, dtype);  // fused into the GEMM's epilogue on CUDA
   ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
             args);
 

@@ -158,7 +158,7 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
 // strides, alignments).
-using AlgoKey = std::array<int64_t, 19>;
+using AlgoKey = std::array<int64_t, 21>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
@@ -208,6 +208,20 @@ void gemm_typed(const GemmProblem& p) {
   const MatmulDesc desc(raw_desc);
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_a.op, sizeof(lt_a.op)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_b.op, sizeof(lt_b.op)));
+  // A bias over our columns is, in the swapped problem, a bias over cuBLASLt's rows:
+  // exactly what its BIAS epilogue adds (one vector for every batch entry).
+  const bool with_bias = p.bias.defined();
+  if (with_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void* bias_ptr = p.bias.data_ptr();
+    const cudaDataType_t bias_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
   const Layout layout_a = make_layout(type, lt_a, batch);
   const Layout layout_b = make_layout(type, lt_b, batch);
   // C and D: the same matrix, in the inputs' dtype or f32 (gemm() allows f32 C for f16/bf16 A, B).
@@ -232,7 +246,9 @@ void gemm_typed(const GemmProblem& p) {
                        lt_b.alignment,
                        lt_c.alignment,
                        static_cast<int64_t>(compute),
-                       static_cast<int64_t>(c_type)};
+                       static_cast<int64_t>(c_type),
+                       with_bias ? 1 : 0,
+                       with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0};
   AlgoChoice choice{};
   bool cached = false;
   {

@@ -26,6 +26,9 @@ struct GemmArgs {
   Transpose transpose_b = Transpose::no;  // op(b) = b^T: b is [batch, N, K]
   double alpha = 1.0;
   double beta = 0.0;  // 0: out is written without being read (it may hold garbage)
+  // [N] in out's dtype, added to every row of out (beta must be 0). On CUDA it is
+  // cuBLASLt's bias epilogue, applied as the tile is stored: no extra pass over out.
+  Tensor bias;
 };
 
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
@@ -57,6 +60,7 @@ struct GemmProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   MatrixOperand a, b, c;
   double alpha = 1.0, beta = 0.0;
+  Tensor bias;  // CUDA only: [n], c's dtype, contiguous; undefined for none
 };
 
 void gemm_cpu(const GemmProblem& p);
