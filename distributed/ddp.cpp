@@ -1,6 +1,7 @@
 #include "distributed/ddp.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -51,6 +52,14 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
     params_[i].tensor.register_post_accumulate_grad_hook([this, i](const Tensor&) { on_ready(i); });
   }
   zero_grad();
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Reductions still in flight write into the buckets: the compute stream (which frees them)
+  // must wait for them first.
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->wait();
+  }
 }
 
 // Every rank must hold the same model: names, shapes and dtypes are compared with rank 0's,
@@ -166,8 +175,11 @@ void DistributedDataParallel::on_ready(size_t index) {
 
 void DistributedDataParallel::reduce_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& b = buckets_[next_bucket_++];
-    group_.all_reduce_(b.flat, ReduceOp::average);
+    const size_t index = next_bucket_++;
+    Bucket& b = buckets_[index];
+    const std::string what = detail::str_cat("all_reduce of DDP bucket ", index + 1, " of ", buckets_.size(), " (",
+                                             cuda::format_bytes(b.flat.nbytes()), ")");
+    b.work = group_.all_reduce_async_(b.flat, ReduceOp::average, what);
     b.reduced = true;
   }
 }
@@ -183,6 +195,7 @@ void DistributedDataParallel::synchronize() {
     for (size_t i = 0; i < unused.size() && i < 10; ++i) names += (i ? ", " : "") + unused[i];
     if (unused.size() > 10) names += ", ... (" + std::to_string(unused.size()) + " in all)";
     if (!options_.find_unused_parameters()) {
+      wait_for_reductions();  // the buckets already launched must land before anything reuses them
       reset_iteration();
       throw Error(detail::str_cat("DistributedDataParallel: ", group_.describe(), ": these parameters got no ",
                                   "gradient in this backward: ", names,
@@ -202,7 +215,33 @@ void DistributedDataParallel::synchronize() {
   }
   MT_INTERNAL_ASSERT(next_bucket_ == buckets_.size(), "DDP: ", next_bucket_, " of ", buckets_.size(),
                      " buckets reduced");
+  wait_for_reductions();
   reset_iteration();
+}
+
+void DistributedDataParallel::wait_for_reductions() {
+  const bool on_cuda = !buckets_.empty() && buckets_.front().flat.is_cuda();
+  const auto host_start = std::chrono::steady_clock::now();
+  if (on_cuda) {
+    const int device = buckets_.front().flat.device().index;
+    if (!wait_begin_) {
+      wait_begin_ = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
+      wait_end_ = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
+    }
+    wait_begin_->record(cuda::current_stream(device));
+  }
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->wait();
+    b.work.reset();
+  }
+  if (on_cuda) wait_end_->record(cuda::current_stream(buckets_.front().flat.device().index));
+  host_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count();
+}
+
+double DistributedDataParallel::last_exposed_comm_ms() {
+  if (!wait_end_) return host_wait_ms_;
+  wait_end_->synchronize();
+  return static_cast<double>(wait_begin_->elapsed_ms(*wait_end_));
 }
 
 }  // namespace mt::dist

@@ -16,15 +16,19 @@
 // view into its bucket, so all-reducing the bucket needs no copy. A post-accumulate hook marks a
 // parameter ready; a bucket whose parameters are all ready is all-reduced (averaged), buckets
 // strictly in index order so that every rank issues the same collectives in the same order. On
-// CUDA the reduction runs on the communicator's own stream, ordered by events.
+// CUDA the reduction runs on the communicator's own stream, ordered after the gradients by an
+// event, while backward goes on computing the next buckets' gradients; only synchronize()
+// makes the compute stream wait for the reductions (the host never waits).
 // no_sync() lets gradients accumulate locally over micro-batches; the next synchronised
 // backward reduces the sum.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/cuda_context.h"
 #include "distributed/process_group.h"
 #include "ops/nn/module.h"
 
@@ -58,6 +62,7 @@ class DDPOptions {
 class DistributedDataParallel {
  public:
   DistributedDataParallel(nn::Module& module, ProcessGroup& group, const DDPOptions& options = {});
+  ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
@@ -78,6 +83,10 @@ class DistributedDataParallel {
   NoSync no_sync() { return NoSync(*this); }
 
   size_t num_buckets() const { return buckets_.size(); }
+  // Milliseconds the last synchronize() left the compute stream waiting for communication that
+  // backward did not hide (CUDA: device time between two events, read with a host wait; CPU: the
+  // host's wait). 0 before the first synchronize or in a world of one.
+  double last_exposed_comm_ms();
   // Parameter names of bucket i, in bucket order.
   std::vector<std::string> bucket_parameters(size_t i) const;
 
@@ -94,6 +103,7 @@ class DistributedDataParallel {
     std::vector<size_t> params;
     size_t pending = 0;
     bool reduced = false;
+    std::unique_ptr<Work> work;  // the reduction in flight, until synchronize()
   };
 
   void check_and_broadcast(nn::Module& module);
@@ -101,6 +111,7 @@ class DistributedDataParallel {
   Tensor slot(const Param& p) const;
   void on_ready(size_t index);
   void reduce_ready_buckets();
+  void wait_for_reductions();  // the compute stream (or the host, on the CPU) waits for every bucket
   void reset_iteration();
 
   ProcessGroup& group_;
@@ -109,6 +120,10 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
   bool no_sync_ = false;
+  // Exposed communication of the last synchronize(): events around the waits (CUDA) or the
+  // host's wait in milliseconds (CPU).
+  std::unique_ptr<cuda::Event> wait_begin_, wait_end_;
+  double host_wait_ms_ = 0;
 };
 
 }  // namespace mt::dist

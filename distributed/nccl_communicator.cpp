@@ -1,6 +1,7 @@
 // NCCL for CUDA tensors: one communicator per process on the GPU its local rank picks,
 // collectives on a dedicated communication stream ordered after the caller's stream by an
-// event, and the caller's stream made to wait for the result (never the host).
+// event; the caller's stream waits for the result when the Work is waited on (never the
+// host), and a watchdog thread polls NCCL's asynchronous errors and the timeout.
 #include "distributed/process_group.h"
 
 #include "core/error.h"
@@ -9,6 +10,14 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "core/check_nccl.h"
 #include "core/cuda_context.h"
@@ -51,10 +60,29 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// A collective launched on the communication stream: its completion event, what it is,
+// and when it was launched (for the watchdog).
+struct InFlight {
+  std::shared_ptr<cuda::Event> done;
+  std::string what;
+  std::chrono::steady_clock::time_point launched;
+};
+
+// The caller's stream waits for the collective's event; the host never does.
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<cuda::Event> done, int device) : done_(std::move(done)), device_(device) {}
+  void wait() override { done_->wait_on(cuda::current_stream(device_)); }
+
+ private:
+  std::shared_ptr<cuda::Event> done_;
+  int device_;
+};
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const ProcessGroup& group, Communicator& bootstrap)
-      : device_(group.local_rank() % std::max(1, cuda::device_count())), describe_(group.describe()) {
+      : group_(group), device_(group.local_rank() % std::max(1, cuda::device_count())), describe_(group.describe()) {
     MT_CHECK(cuda::device_count() > 0, "NCCL: ", describe_, " has no CUDA device");
     cuda::DeviceGuard on_device(device_);
     ncclUniqueId id{};
@@ -64,13 +92,20 @@ class NcclCommunicator : public Communicator {
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
     MT_NCCL_CHECK(ncclCommInitRank(&comm_, group.world_size(), id, group.rank()));
     stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
+    watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     if (comm_ != nullptr) ncclCommDestroy(comm_);  // no throw from a destructor
   }
 
-  void all_reduce_(const Tensor& t, ReduceOp op) override {
-    run(t, "all_reduce_", [&](cudaStream_t s) {
+  std::unique_ptr<Work> all_reduce_async_(const Tensor& t, ReduceOp op, const std::string& what) override {
+    return run(t, what, [&](cudaStream_t s) {
       MT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                                   nccl_op(op), comm_, s));
     });
@@ -78,37 +113,79 @@ class NcclCommunicator : public Communicator {
   void broadcast_(const Tensor& t, int root) override {
     run(t, "broadcast_", [&](cudaStream_t s) {
       MT_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s));
-    });
+    })->wait();
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
     run(in, "all_gather", [&](cudaStream_t s) {
       MT_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s));
-    });
+    })->wait();
   }
 
  private:
-  // The collective waits for the caller's stream, runs on the communication stream, and the
-  // caller's stream waits for it.
+  // The collective waits for the caller's stream (an event), runs on the communication
+  // stream, and is handed to the watchdog; the returned Work makes a stream wait for it.
   template <typename Launch>
-  void run(const Tensor& t, const char* op, Launch&& launch) {
-    MT_CHECK(t.is_cuda() && t.device().index == device_, op, ": ", describe_, " communicates on cuda:", device_,
+  std::unique_ptr<Work> run(const Tensor& t, const std::string& what, Launch&& launch) {
+    MT_CHECK(t.is_cuda() && t.device().index == device_, what, ": ", describe_, " communicates on cuda:", device_,
              ", got a tensor on ", t.device().str());
-    MT_CHECK(t.is_contiguous(), op, ": the tensor must be contiguous");
+    MT_CHECK(t.is_contiguous(), what, ": the tensor must be contiguous");
     cuda::DeviceGuard on_device(device_);
     const cuda::Stream compute = cuda::current_stream(device_);
     cuda::Event ready(device_);
     ready.record(compute);
     ready.wait_on(stream_);
     launch(static_cast<cudaStream_t>(stream_.handle()));
-    cuda::Event done(device_);
-    done.record(stream_);
-    done.wait_on(compute);
+    auto done = std::make_shared<cuda::Event>(device_);
+    done->record(stream_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_.push_back(InFlight{done, what, std::chrono::steady_clock::now()});
+    }
+    return std::make_unique<NcclWork>(done, device_);
   }
 
+  // The watchdog: every 50 ms, retire finished collectives, poll NCCL's asynchronous error,
+  // and give up on the oldest collective once it has run longer than the group's timeout.
+  // Either failure aborts the communicator (freeing the GPU from the stuck kernel) and ends
+  // the process: the host may be blocked in a CUDA call behind that kernel.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(50));
+      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      ncclResult_t async_error = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error != ncclSuccess &&
+          async_error != ncclInProgress) {
+        fail(in_flight_.empty() ? std::string("(none in flight)") : in_flight_.front().what,
+             detail::str_cat("failed: NCCL reports ", ncclGetErrorString(async_error), " (", ncclGetLastError(comm_),
+                             ")"));
+      }
+      if (!in_flight_.empty()) {
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - in_flight_.front().launched).count();
+        if (seconds > group_.timeout_seconds()) {
+          fail(in_flight_.front().what, detail::str_cat("did not finish within ", group_.timeout_seconds(),
+                                                        " s (MT_COLLECTIVE_TIMEOUT_S): a peer died or stopped"));
+        }
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& why) {
+    ncclCommAbort(comm_);
+    end_process_after_collective_failure(describe_, "NCCL " + what, why);
+  }
+
+  const ProcessGroup& group_;
   int device_;
   std::string describe_;
   ncclComm_t comm_ = nullptr;
   cuda::Stream stream_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<InFlight> in_flight_;
+  bool stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace

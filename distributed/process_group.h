@@ -22,12 +22,25 @@ namespace mt::dist {
 
 enum class ReduceOp { sum, average, max };
 
+// A collective in flight. wait() makes what follows see its result: on CUDA the caller's
+// current stream waits for it (the host does not block), on the CPU the call returns once
+// it is done. A collective that does not finish within the group's timeout, or that NCCL
+// reports failed, ends the process with an error naming the rank and the collective (and
+// NCCL's communicator is aborted first), so that a dead or stuck peer never hangs the job.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual void all_reduce_(const Tensor& t, ReduceOp op) = 0;        // contiguous t, in place
+  // contiguous t, in place; `what` names the collective in errors ("bucket 3 of 7 (25.0 MiB)").
+  virtual std::unique_ptr<Work> all_reduce_async_(const Tensor& t, ReduceOp op, const std::string& what) = 0;
   virtual void broadcast_(const Tensor& t, int root) = 0;            // contiguous t, in place
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;  // out: [world * numel(in)]
+  void all_reduce_(const Tensor& t, ReduceOp op) { all_reduce_async_(t, op, "all_reduce_")->wait(); }
 };
 
 class ProcessGroup {
@@ -49,17 +62,26 @@ class ProcessGroup {
 
   // Collectives on CPU tensors (MPI) or CUDA tensors (NCCL), in place, contiguous tensors.
   void all_reduce_(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  // Started now, finished by Work::wait(): on CUDA it runs on the communicator's own stream,
+  // overlapping whatever the caller's stream does until it waits.
+  std::unique_ptr<Work> all_reduce_async_(const Tensor& t, ReduceOp op, const std::string& what);
   void broadcast_(const Tensor& t, int root = 0);
   Tensor all_gather(const Tensor& t);  // [world, ...t's shape]
   void barrier();
   // Average of a host scalar over the ranks (for logging).
   double mean_over_ranks(double value);
 
+  // How long a collective may take before the process gives up on its peers (seconds):
+  // MT_COLLECTIVE_TIMEOUT_S in the environment, else 600.
+  double timeout_seconds() const { return timeout_s_; }
+  void set_timeout_seconds(double seconds);
+
  private:
   ProcessGroup();
   Communicator& communicator_for(const Tensor& t);
 
   int rank_ = 0, world_ = 1, local_rank_ = 0;
+  double timeout_s_ = 600;
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> mpi_;
   std::unique_ptr<Communicator> nccl_;  // created on the first CUDA collective
@@ -68,6 +90,12 @@ class ProcessGroup {
 // NCCL communicator over the group's ranks (defined in nccl_communicator.cpp; throws in
 // CPU-only builds).
 std::unique_ptr<Communicator> make_nccl_communicator(const ProcessGroup& group, Communicator& bootstrap);
-std::unique_ptr<Communicator> make_mpi_communicator();
+std::unique_ptr<Communicator> make_mpi_communicator(const ProcessGroup& group);
+
+// Ends the process after a collective failed or timed out: prints
+// "mixtrain: <who>: <what> <why>; ending this process" and exits with status 1 (from any
+// thread, without unwinding: the stuck collective cannot be unwound). mpirun then ends the job.
+[[noreturn]] void end_process_after_collective_failure(const std::string& who, const std::string& what,
+                                                       const std::string& why);
 
 }  // namespace mt::dist

@@ -5,7 +5,10 @@
 //  3. a parameter without a gradient is reported by name on every rank;
 //  4. a model that differs between ranks is refused at construction;
 //  5. with --die-at-step K, rank 1 exits abruptly at step K (the kill test: the launcher must
-//     end the job with an error, never hang).
+//     end the job with an error, never hang);
+//  6. with --hang-at-step K, rank 1 stops answering at step K without dying (the timeout test:
+//     rank 0's collective must give up after MT_COLLECTIVE_TIMEOUT_S and end the job).
+// --device cuda runs it all on each rank's GPU (local rank), through NCCL.
 // Prints "ddp_mpi: PASS" on rank 0 and exits 0 when every check holds; runs as a world of one too.
 #include <unistd.h>
 
@@ -14,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "core/cuda_context.h"
 
 #include "distributed/ddp.h"
 #include "ops/ops.h"
@@ -39,11 +44,11 @@ struct Batch {
   Tensor x, y;  // [16, 8], [16]
 };
 
-Batch global_batch(int step) {
+Batch global_batch(int step, const mt::Device& device) {
   mt::Generator g(1000 + static_cast<uint64_t>(step));
   const Tensor x = mt::randn({16, 8}, {}, &g);
   const Tensor y = mt::mul(mt::rand({16}, {}, &g), 3.999).to(mt::DType::i64);
-  return {x, y};
+  return {x.to(device), y.to(device)};
 }
 
 int failures = 0;
@@ -67,17 +72,25 @@ double max_relative_difference(mt::nn::Module& a, mt::nn::Module& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int die_at_step = -1;
+  int die_at_step = -1, hang_at_step = -1;
+  std::string device_name = "cpu";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--die-at-step") == 0) die_at_step = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--hang-at-step") == 0) hang_at_step = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--device") == 0) device_name = argv[i + 1];
   }
   try {
     auto& group = mt::dist::ProcessGroup::init();
     const int rank = group.rank(), world = group.world_size();
     const int64_t shard = 16 / world;
+    const mt::Device device = device_name == "cuda"
+                                  ? mt::cuda_device(group.local_rank() % std::max(1, mt::cuda::device_count()))
+                                  : mt::Device(device_name);
 
     // 1. DDP equals one process on the whole batch; ranks agree bit for bit.
     Mlp model, reference;
+    model.to(device);
+    reference.to(device);
     if (rank == 1) {  // a different start on rank 1: the broadcast must overwrite it
       mt::NoGradGuard no_grad;
       model.fc1->weight.fill_(0.5);
@@ -92,7 +105,12 @@ int main(int argc, char** argv) {
         std::fflush(stderr);
         _exit(3);
       }
-      const Batch b = global_batch(step);
+      if (step == hang_at_step && rank == 1) {
+        std::fprintf(stderr, "ddp_mpi: rank 1 stops answering at step %d (--hang-at-step)\n", step);
+        std::fflush(stderr);
+        sleep(600);
+      }
+      const Batch b = global_batch(step, device);
       ddp.zero_grad();
       mt::cross_entropy(model.forward(b.x.narrow(0, rank * shard, shard)), b.y.narrow(0, rank * shard, shard))
           .backward();
@@ -117,9 +135,11 @@ int main(int argc, char** argv) {
 
     // 2. no_sync: two micro-batches accumulated, then one synchronised backward.
     Mlp accumulated, single;
+    accumulated.to(device);
+    single.to(device);
     mt::dist::DistributedDataParallel ddp_acc(accumulated, group);
     mt::dist::DistributedDataParallel ddp_single(single, group);
-    const Batch b = global_batch(99);
+    const Batch b = global_batch(99, device);
     const Tensor x = b.x.narrow(0, rank * shard, shard), y = b.y.narrow(0, rank * shard, shard);
     ddp_acc.zero_grad();
     {
@@ -146,6 +166,7 @@ int main(int argc, char** argv) {
 
     // 3. Unused parameters are named, on every rank.
     Mlp with_spare(/*with_unused=*/true);
+    with_spare.to(device);
     mt::dist::DistributedDataParallel ddp_spare(with_spare, group);
     ddp_spare.zero_grad();
     mt::cross_entropy(with_spare.forward(x), y).backward();
@@ -161,6 +182,7 @@ int main(int argc, char** argv) {
     // 4. Different models are refused (rank 1 is wider).
     if (world > 1) {
       Mlp other(false, rank == 1 ? 17 : 16);
+      other.to(device);
       message.clear();
       try {
         mt::dist::DistributedDataParallel refused(other, group);
@@ -179,8 +201,9 @@ int main(int argc, char** argv) {
     }
 
     if (rank == 0) {
-      std::printf("ddp_mpi: %s, %zu buckets; DDP vs single process %.2e; no_sync vs one step %.2e; %s\n",
-                  group.describe().c_str(), ddp.num_buckets(), vs_reference, worst, failures ? "FAIL" : "PASS");
+      std::printf("ddp_mpi: %s on %s, %zu buckets; DDP vs single process %.2e; no_sync vs one step %.2e; %s\n",
+                  group.describe().c_str(), device.str().c_str(), ddp.num_buckets(), vs_reference, worst,
+                  failures ? "FAIL" : "PASS");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_mpi: %s\n", e.what());
