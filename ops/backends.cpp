@@ -7,12 +7,15 @@ namespace mt::backends {
 namespace {
 std::atomic<bool> g_tf32_matmul{false};
 std::atomic<bool> g_tf32_conv{true};
+std::atomic<bool> g_deterministic{false};
 }  // namespace
 
 bool allow_tf32_matmul() { return g_tf32_matmul.load(); }
 void set_allow_tf32_matmul(bool allow) { g_tf32_matmul.store(allow); }
 bool allow_tf32_conv() { return g_tf32_conv.load(); }
 void set_allow_tf32_conv(bool allow) { g_tf32_conv.store(allow); }
+bool deterministic_algorithms() { return g_deterministic.load(); }
+void set_deterministic_algorithms(bool on) { g_deterministic.store(on); }
 
 TF32Guard::TF32Guard(bool matmul, bool conv) : matmul_(allow_tf32_matmul()), conv_(allow_tf32_conv()) {
   set_allow_tf32_matmul(matmul);

@@ -13,6 +13,15 @@ void set_allow_tf32_matmul(bool allow);
 bool allow_tf32_conv();
 void set_allow_tf32_conv(bool allow);
 
+// Deterministic algorithms (as torch.use_deterministic_algorithms): off by default.
+// On, every kernel whose default gives run-to-run differences picks a repeatable
+// one, so that a resumed run repeats an uninterrupted one bit for bit on the GPU
+// too: today that is cuDNN's fused attention backward (its default adds dQ with
+// atomics). Everything else mixtrain runs is deterministic anyway (the embedding
+// backward sorts instead of using atomics; cuBLASLt keeps one algorithm per shape).
+bool deterministic_algorithms();
+void set_deterministic_algorithms(bool on);
+
 // Sets both switches for a scope (tests compare against f64 with TF32 off).
 class TF32Guard {
  public:

@@ -14,6 +14,7 @@
 #include "core/cuda_context.h"
 #include "core/data/byte_tokenizer.h"
 #include "distributed/ddp.h"
+#include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
@@ -151,6 +152,8 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--detect-anomaly", detect_anomaly,
                "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
+  app.add_flag("--deterministic", deterministic,
+               "repeatable kernels only, so that a resumed GPU run repeats an uninterrupted one bit for bit");
   app.add_flag("--resume", resume,
                "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
   app.add_option("--eval-batches", eval_batches, "validation batches")
@@ -253,6 +256,7 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
 
   TrainResult result;
   const mt::AnomalyGuard anomaly(flags.detect_anomaly);
+  if (flags.deterministic) mt::backends::set_deterministic_algorithms(true);
   model.train();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = first_step; step <= flags.steps; ++step) {

@@ -1,6 +1,7 @@
 // cuDNN fused attention (see attention_cudnn.h). Built when CUDA and the cudnn-frontend
 // headers (tools/setup.sh fetches them into third_party/) are both present.
 #include "ops/attention/attention_cudnn.h"
+#include "ops/backends.h"
 
 #include "core/error.h"
 
@@ -178,31 +179,34 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
                                  empty_bthd(v.shape(), v.dtype(), v.device())};
   const bool dropout = p.dropout_p > 0.0;
   BuiltGraph& built =
-      cached_graph(problem_key("bwd", {q, k, v, out, grad_out, grads[0], grads[1], grads[2]}, p), device, [&] {
-        auto g = std::make_shared<fe::graph::Graph>();
-        set_common(*g, q.dtype());
-        auto options = fe::graph::SDPA_backward_attributes()
-                           .set_name("sdpa_backward")
-                           .set_attn_scale(static_cast<float>(p.scale))
-                           .set_causal_mask(p.causal);
-        if (dropout) {
-          options.set_dropout(static_cast<float>(p.dropout_p), scalar_by_value(*g, "seed", kSeed),
-                              scalar_by_value(*g, "offset", kOffset));
-        }
-        auto stats_in = g->tensor(fe::graph::Tensor_attributes()
-                                      .set_name("stats")
-                                      .set_uid(kStats)
-                                      .set_dim(stats.shape())
-                                      .set_stride(stats.strides())
-                                      .set_data_type(fe::DataType_t::FLOAT));
-        auto [dq, dk, dv] = g->sdpa_backward(graph_tensor(*g, "q", kQ, q), graph_tensor(*g, "k", kK, k),
-                                             graph_tensor(*g, "v", kV, v), graph_tensor(*g, "o", kO, out),
-                                             graph_tensor(*g, "do", kGradO, grad_out), stats_in, options);
-        dq->set_output(true).set_uid(kGradQ).set_dim(grads[0].shape()).set_stride(grads[0].strides());
-        dk->set_output(true).set_uid(kGradK).set_dim(grads[1].shape()).set_stride(grads[1].strides());
-        dv->set_output(true).set_uid(kGradV).set_dim(grads[2].shape()).set_stride(grads[2].strides());
-        return g;
-      });
+      cached_graph(problem_key(backends::deterministic_algorithms() ? "bwd deterministic" : "bwd",
+                               {q, k, v, out, grad_out, grads[0], grads[1], grads[2]}, p),
+                   device, [&] {
+                     auto g = std::make_shared<fe::graph::Graph>();
+                     set_common(*g, q.dtype());
+                     auto options = fe::graph::SDPA_backward_attributes()
+                                        .set_name("sdpa_backward")
+                                        .set_attn_scale(static_cast<float>(p.scale))
+                                        .set_causal_mask(p.causal)
+                                        .set_deterministic_algorithm(backends::deterministic_algorithms());
+                     if (dropout) {
+                       options.set_dropout(static_cast<float>(p.dropout_p), scalar_by_value(*g, "seed", kSeed),
+                                           scalar_by_value(*g, "offset", kOffset));
+                     }
+                     auto stats_in = g->tensor(fe::graph::Tensor_attributes()
+                                                   .set_name("stats")
+                                                   .set_uid(kStats)
+                                                   .set_dim(stats.shape())
+                                                   .set_stride(stats.strides())
+                                                   .set_data_type(fe::DataType_t::FLOAT));
+                     auto [dq, dk, dv] = g->sdpa_backward(graph_tensor(*g, "q", kQ, q), graph_tensor(*g, "k", kK, k),
+                                                          graph_tensor(*g, "v", kV, v), graph_tensor(*g, "o", kO, out),
+                                                          graph_tensor(*g, "do", kGradO, grad_out), stats_in, options);
+                     dq->set_output(true).set_uid(kGradQ).set_dim(grads[0].shape()).set_stride(grads[0].strides());
+                     dk->set_output(true).set_uid(kGradK).set_dim(grads[1].shape()).set_stride(grads[1].strides());
+                     dv->set_output(true).set_uid(kGradV).set_dim(grads[2].shape()).set_stride(grads[2].strides());
+                     return g;
+                   });
   int64_t seed = static_cast<int64_t>(p.seed), offset = static_cast<int64_t>(p.offset);
   std::unordered_map<int64_t, void*> pack = {{kQ, q.data_ptr()},
                                              {kK, k.data_ptr()},
