@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -84,6 +85,10 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(const ProcessGroup& group, Communicator& bootstrap)
       : group_(group), device_(group.local_rank() % std::max(1, cuda::device_count())), describe_(group.describe()) {
     MT_CHECK(cuda::device_count() > 0, "NCCL: ", describe_, " has no CUDA device");
+    // NCCL bootstraps over a socket and skips the loopback interface; a host without another
+    // one (an isolated GPU box) then gets an id with no address. When every rank is on this
+    // host, loopback is the right interface anyway; the user's NCCL_SOCKET_IFNAME still wins.
+    if (group.local_world_size() == group.world_size()) setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
     cuda::DeviceGuard on_device(device_);
     ncclUniqueId id{};
     if (group.rank() == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));

@@ -192,6 +192,7 @@ ProcessGroup::ProcessGroup() {
   MPI_Comm local = MPI_COMM_NULL;
   MT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   MT_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
+  MT_MPI_CHECK(MPI_Comm_size(local, &local_world_));
   MT_MPI_CHECK(MPI_Comm_free(&local));
   if (const char* timeout = std::getenv("MT_COLLECTIVE_TIMEOUT_S")) {
     char* end = nullptr;

@@ -57,6 +57,7 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   int local_rank() const { return local_rank_; }
+  int local_world_size() const { return local_world_; }  // ranks on this host
   bool is_main() const { return rank_ == 0; }
   std::string describe() const;  // "rank 1 of 2 (local 1)"
 
@@ -80,7 +81,7 @@ class ProcessGroup {
   ProcessGroup();
   Communicator& communicator_for(const Tensor& t);
 
-  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_world_ = 1;
   double timeout_s_ = 600;
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> mpi_;

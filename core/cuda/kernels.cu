@@ -108,7 +108,10 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
         cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream.handle()));
     return;
   }
-  if (is_floating(dst.dtype()) && is_floating(src.dtype())) {  // casts between floating dtypes, dense
+  const auto packed_dtype = [](DType d) {
+    return d == DType::f64 || d == DType::f32 || d == DType::f16 || d == DType::bf16;
+  };
+  if (packed_dtype(dst.dtype()) && packed_dtype(src.dtype())) {  // casts between these dtypes, dense
     bool done = false;
     dispatch_floating(dst.dtype(), "copy", [&](auto dst_tag) {
       using D = typename decltype(dst_tag)::type;
