@@ -92,7 +92,8 @@ class NcclCommunicator : public Communicator {
     cuda::DeviceGuard on_device(device_);
     ncclUniqueId id{};
     if (group.rank() == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
-    const Tensor bytes = from_blob(&id, {static_cast<int64_t>(sizeof(id))}, DType::u8).clone();
+    // The id's raw bytes, kept as u8 (from_blob's result dtype defaults to f32, which would convert them).
+    const Tensor bytes = from_blob(&id, {static_cast<int64_t>(sizeof(id))}, DType::u8, DType::u8);
     bootstrap.broadcast_(bytes, 0);
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
     MT_NCCL_CHECK(ncclCommInitRank(&comm_, group.world_size(), id, group.rank()));
