@@ -31,6 +31,10 @@ int compute_capability(int device);   // e.g. 90 for sm_90
 void synchronize_device(int device);  // tests and benchmarks only; never on a hot path
 
 // Makes `device` the current CUDA device for a scope, then restores the previous one.
+// Makes `device` the calling thread's current device for good: a process that owns one GPU
+// (a data-parallel rank) calls it once, since copies and kernels go to that device's streams.
+void set_current_device(int device);
+
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

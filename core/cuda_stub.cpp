@@ -15,6 +15,7 @@ namespace mt::cuda {
 
 DeviceGuard::DeviceGuard(int) { no_cuda("DeviceGuard"); }
 DeviceGuard::~DeviceGuard() = default;
+void set_current_device(int) { no_cuda("set_current_device"); }
 
 bool built_with_cuda() { return false; }
 bool is_available() { return false; }

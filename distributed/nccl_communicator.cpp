@@ -158,7 +158,16 @@ class NcclCommunicator : public Communicator {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       wake_.wait_for(lock, std::chrono::milliseconds(50));
-      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      // Raw queries: this thread must not throw, and at exit the runtime may already be unloading.
+      while (!in_flight_.empty()) {
+        const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(in_flight_.front().done->handle()));
+        if (state == cudaErrorNotReady) break;
+        if (state == cudaErrorCudartUnloading) return;
+        if (state != cudaSuccess) {
+          fail(in_flight_.front().what, detail::str_cat("failed: CUDA reports ", cudaGetErrorString(state)));
+        }
+        in_flight_.pop_front();
+      }
       ncclResult_t async_error = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error != ncclSuccess &&
           async_error != ncclInProgress) {

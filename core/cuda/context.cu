@@ -64,6 +64,8 @@ DeviceGuard::DeviceGuard(int device) {
 
 DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
+void set_current_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
+
 bool built_with_cuda() { return true; }
 
 int device_count() {

@@ -105,6 +105,7 @@ Placement PlacementFlags::resolve() const {
   if (p.device.is_cuda() && p.group != nullptr && (device == "auto" || device == "cuda") &&
       mt::cuda::device_count() > 0) {
     p.device = mt::Device(mt::DeviceType::cuda, p.group->local_rank() % mt::cuda::device_count());  // one GPU a rank
+    mt::cuda::set_current_device(p.device.index);
   }
   const std::string mode = amp == "auto" ? (p.device.is_cuda() ? "bf16" : "off") : amp;
   if (mode == "bf16") p.amp = mt::DType::bf16;

@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
     const mt::Device device = device_name == "cuda"
                                   ? mt::cuda_device(group.local_rank() % std::max(1, mt::cuda::device_count()))
                                   : mt::Device(device_name);
+    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
 
     // 1. DDP equals one process on the whole batch; ranks agree bit for bit.
     Mlp model, reference;

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     const mt::Device device = group && device_name == "cuda"
                                   ? mt::cuda_device(group->local_rank() % mt::cuda::device_count())
                                   : mt::Device(device_name);
+    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
     config.n_positions = seq;
     mt::Generator init(0);
