@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -186,8 +187,14 @@ class NcclCommunicator : public Communicator {
     }
   }
 
+  // Says what failed first, then aborts the communicator (which frees the GPU from the stuck
+  // kernel) but gives that no more than two seconds: the process ends either way.
   [[noreturn]] void fail(const std::string& what, const std::string& why) {
-    ncclCommAbort(comm_);
+    std::fprintf(stderr, "mixtrain: %s: NCCL %s %s; aborting the communicator\n", describe_.c_str(), what.c_str(),
+                 why.c_str());
+    std::fflush(stderr);
+    std::thread([comm = comm_] { ncclCommAbort(comm); }).detach();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
     end_process_after_collective_failure(describe_, "NCCL " + what, why);
   }
 
