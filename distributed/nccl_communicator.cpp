@@ -141,11 +141,19 @@ class NcclCommunicator : public Communicator {
     cuda::Event ready(device_);
     ready.record(compute);
     ready.wait_on(stream_);
+    // The launch itself can block the host: NCCL connects to the peers a collective needs on
+    // its first use, and waits for them there. The watchdog times that wait too.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      launching_ = what;
+      launch_started_ = std::chrono::steady_clock::now();
+    }
     launch(static_cast<cudaStream_t>(stream_.handle()));
     auto done = std::make_shared<cuda::Event>(device_);
     done->record(stream_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      launching_.clear();
       in_flight_.push_back(InFlight{done, what, std::chrono::steady_clock::now()});
     }
     return std::make_unique<NcclWork>(done, device_);
@@ -175,6 +183,12 @@ class NcclCommunicator : public Communicator {
         fail(in_flight_.empty() ? std::string("(none in flight)") : in_flight_.front().what,
              detail::str_cat("failed: NCCL reports ", ncclGetErrorString(async_error), " (", ncclGetLastError(comm_),
                              ")"));
+      }
+      if (!launching_.empty() &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_started_).count() >
+              group_.timeout_seconds()) {
+        fail(launching_, detail::str_cat("could not start within ", group_.timeout_seconds(),
+                                         " s (MT_COLLECTIVE_TIMEOUT_S): a peer died or stopped"));
       }
       if (!in_flight_.empty()) {
         const double seconds =
@@ -206,6 +220,8 @@ class NcclCommunicator : public Communicator {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<InFlight> in_flight_;
+  std::string launching_;  // a collective whose launch has not returned yet, or empty
+  std::chrono::steady_clock::time_point launch_started_;
   bool stop_ = false;
   std::thread watchdog_;
 };
