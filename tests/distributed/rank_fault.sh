@@ -20,7 +20,7 @@ if ((rc == 124)); then echo "FAIL: the job hung (killed by the 90 s timeout)"; e
 if ((elapsed > 60)); then echo "FAIL: took $elapsed s to end"; exit 1; fi
 case "$mode" in
   die) expected="rank 1 exits abruptly" ;;
-  hang) expected="rank 0 of 2 (local 0): .* (did not finish|could not start) within 3 s" ;;
+  hang) expected="rank 0 of 2 \\(local 0\\): .* (did not finish|could not start) within 3 s" ;;
   *) echo "FAIL: unknown mode $mode"; exit 1 ;;
 esac
 grep -qE "$expected" <<<"$output" || { echo "FAIL: no line matching '$expected'"; exit 1; }
