@@ -34,7 +34,12 @@ namespace {
 // non-negative integers, begin <= end) and a byte size equal to end - begin; and the entries,
 // ordered by offset, cover the data section exactly: no overlap, no gap, nothing after the
 // last. JSON objects are unordered, so "sorted" means the ranges form one sequence.
+// Two limits keep a hostile header from crashing the reader rather than failing it: the
+// nesting depth (a valid header nests 3 levels; the parser does not recurse, but dump(),
+// which prints a bad value into the message, recurses once per level), and, for an empty
+// tensor, the product of its non-zero dimensions (its strides are built from it, in int64_t).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+constexpr int kMaxHeaderDepth = 64;
 constexpr const char* kMetadataKey = "__metadata__";
 
 using json = nlohmann::json;
@@ -89,7 +94,11 @@ json parse_header(const std::string& path, const std::string& text) {
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string top_key;                      // the tensor entry being parsed
   std::string duplicate;
-  json::parser_callback_t watch = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  json::parser_callback_t watch = [&](int depth, json::parse_event_t event, json& parsed) {
+    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    if (opens && depth >= kMaxHeaderDepth) {
+      fail(path, "safetensors header nests deeper than ", kMaxHeaderDepth, " levels (a valid header nests 3)");
+    }
     if (event == json::parse_event_t::object_start) {
       keys.emplace_back();
     } else if (event == json::parse_event_t::object_end) {
@@ -126,6 +135,21 @@ bool as_unsigned(const json& j, uint64_t* out) {
     return true;
   }
   return false;
+}
+
+// A non-empty tensor's element count is bounded by its bytes in the file; an empty one's
+// non-zero dimensions are bounded by nothing else.
+void check_empty_extent(const std::string& path, const std::string& where, const Shape& shape) {
+  constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t extent = 1;
+  for (int64_t d : shape) {
+    const auto dim = static_cast<uint64_t>(d);
+    if (dim > 1 && extent > kMax / dim) {
+      fail(path, where, ": empty tensor of shape ", shape_str(shape),
+           " is too large: its non-zero dimensions multiply to more than 2^63 - 1");
+    }
+    extent *= std::max<uint64_t>(dim, 1);
+  }
 }
 
 Entry parse_entry(const std::string& path, const std::string& name, const json& j, uint64_t data_bytes) {
@@ -169,6 +193,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     nbytes *= dim;
   }
   if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {  // an empty tensor: no bytes whatever
+    check_empty_extent(path, where, e.shape);
     overflow = false;
     nbytes = 0;
   }

@@ -14,8 +14,10 @@ fi
 
 # --- Debian/Ubuntu packages -------------------------------------------------------------------
 # build-essential brings g++; googletest brings the sources that libgtest-dev's CMake config uses.
+# clang builds the fuzz targets (tools/fuzz.sh): libclang-rt-dev holds libFuzzer and the sanitizer
+# runtimes (only recommended by clang, and recommends are not installed), libomp-dev is OpenMP for clang.
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev
-          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format)
+          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev)
 
 install_packages() {
   local missing=()

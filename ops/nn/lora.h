@@ -23,6 +23,7 @@
 // Adapters are saved and loaded as PEFT writes them: <dir>/adapter_config.json and
 // <dir>/adapter_model.safetensors. load_adapter() validates both files against the
 // model before it changes anything, so a failed load leaves the model as it was.
+// LoRAOptions and the adapter_config.json reader live in ops/nn/adapter_config.h.
 #pragma once
 
 #include <cstdint>
@@ -32,21 +33,10 @@
 #include <vector>
 
 #include "core/random.h"
+#include "ops/nn/adapter_config.h"
 #include "ops/nn/layers.h"
 
 namespace mt::nn {
-
-struct LoRAOptions {
-  int64_t r = 8;       // rank
-  double alpha = 16;   // lora_alpha
-  double dropout = 0;  // on the branch's input while training, in [0, 1)
-  bool use_rslora = false;
-  // PEFT's list form: a path equal to a name or ending with "." + name.
-  std::vector<std::string> target_modules;
-  // PEFT's string form, used instead of target_modules when non-empty: a regex
-  // (ECMAScript, std::regex) that must match the whole path.
-  std::string target_regex;
-};
 
 class LoRALinear : public Linear {
  public:

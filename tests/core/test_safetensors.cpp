@@ -414,6 +414,33 @@ TEST_F(Safetensors, RejectsBoolByteOtherThanZeroOrOne) {
              "tensor 'm' (BOOL) holds byte 2 at element 2");
 }
 
+// An empty tensor's other dimensions are not bounded by its bytes, but its strides are
+// their product in int64_t: the shape must be refused before a tensor is made from it.
+TEST_F(Safetensors, RejectsEmptyTensorWhoseOtherDimensionsOverflow) {
+  EXPECT_HAS(load_error(file_bytes("{" + entry("a", "F32", "[4611686018427387904,4,0]", 0, 0) + "}", "")),
+             "tensor 'a': empty tensor of shape [4611686018427387904, 4, 0] is too large: its non-zero dimensions "
+             "multiply to more than 2^63 - 1");
+  EXPECT_HAS(load_error(file_bytes("{" + entry("a", "U8", "[0,9223372036854775807,2]", 0, 0) + "}", "")),
+             "is too large");
+  // Up to 2^63 - 1 (here 2^62) it is an ordinary empty tensor.
+  write_bytes(path_, file_bytes("{" + entry("a", "U8", "[0,2305843009213693952,2]", 0, 0) + "}", ""));
+  const Tensor a = mt::load_safetensors(path_).tensors.at("a");
+  EXPECT_EQ(a.shape(), (mt::Shape{0, 2305843009213693952, 2}));
+  EXPECT_EQ(a.numel(), 0);
+}
+
+// Messages print the offending value, and printing recurses once per level: a header nested
+// 100,000 deep must be refused before anything prints it.
+TEST_F(Safetensors, RejectsHeaderNestedTooDeep) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_HAS(load_error(file_bytes(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", "")),
+             "safetensors header nests deeper than 64 levels (a valid header nests 3)");
+  // 64 levels are parsed, and refused for what they hold.
+  const std::string ok = std::string(62, '[') + std::string(62, ']');
+  EXPECT_HAS(load_error(file_bytes(R"({"a":{"dtype":"F32","shape":)" + ok + R"(,"data_offsets":[0,0]}})", "")),
+             "\"shape\" must be an array of integers, got [[[");
+}
+
 TEST_F(Safetensors, RejectsMissingFileAndDirectory) {
   EXPECT_HAS(load_error_of(dir_ + "/absent.safetensors"), "No such file or directory");
   EXPECT_HAS(load_error_of(dir_), "not a regular file");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/safetensors.h"
 #include "ops/nn/gpt.h"
@@ -784,6 +785,53 @@ TEST(LoraAdapter, LoadChecksAModelThatAlreadyHasLora) {
       contains(msg, "load_adapter: " + half + "/adapter_config.json: apply_lora: cannot put a LoRALinear at 'fc'"))
       << msg;
   EXPECT_TRUE(snapshot(slotless) == before);
+}
+
+// ---------------------------------------------------------------------------
+// The config reader on its own (ops/nn/adapter_config.h)
+
+TEST(LoraAdapterConfig, ParsesWhatReadAdapterConfigReads) {
+  const std::string text =
+      R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8.5, "lora_dropout": 0.1, "use_rslora": true,
+          "target_modules": ["c_attn", "c_fc"], "bias": "none", "use_dora": false, "rank_pattern": {}})";
+  const LoRAOptions o = parse_adapter_config(text, "a/adapter_config.json");
+  EXPECT_EQ(o.r, 4);
+  EXPECT_EQ(o.alpha, 8.5);
+  EXPECT_EQ(o.dropout, 0.1);
+  EXPECT_TRUE(o.use_rslora);
+  EXPECT_EQ(o.target_modules, (std::vector<std::string>{"c_attn", "c_fc"}));
+  const std::string dir = fresh_dir("config_only");
+  fs::create_directories(dir);
+  write_text(dir + "/adapter_config.json", text);
+  const LoRAOptions read = read_adapter_config(dir + "/adapter_config.json");
+  EXPECT_EQ(std::tie(read.r, read.alpha, read.dropout, read.use_rslora, read.target_modules, read.target_regex),
+            std::tie(o.r, o.alpha, o.dropout, o.use_rslora, o.target_modules, o.target_regex));
+}
+
+// nlohmann/json reports a number beyond a double as out_of_range, not parse_error; the
+// reader must still answer with a FileError.
+TEST(LoraAdapterConfig, NumberBeyondADoubleIsAFileError) {
+  const std::string msg = error_message_of([] {
+    parse_adapter_config(R"({"peft_type": "LORA", "r": 4, "lora_alpha": 1e999, "target_modules": ["fc"]})",
+                         "a/adapter_config.json");
+  });
+  EXPECT_TRUE(contains(msg, "load_adapter: a/adapter_config.json: malformed JSON: ")) << msg;
+  EXPECT_TRUE(contains(msg, "number overflow")) << msg;
+}
+
+// Error messages print the offending value, and printing recurses once per level: a value
+// nested 100,000 deep must be refused before anything prints it.
+TEST(LoraAdapterConfig, DeepNestingIsRefusedBeforeItCanOverflowTheStack) {
+  const int depth = 100000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const std::string msg = error_message_of(
+      [&] { parse_adapter_config(R"({"peft_type": "LORA", "r": )" + deep + "}", "a/adapter_config.json"); });
+  EXPECT_TRUE(contains(msg, "load_adapter: a/adapter_config.json: JSON nests deeper than 64 levels")) << msg;
+  // 64 levels are still read (and refused for what they hold, not for their depth).
+  const std::string ok = std::string(63, '[') + std::string(63, ']');
+  const std::string shallow = error_message_of(
+      [&] { parse_adapter_config(R"({"peft_type": "LORA", "r": )" + ok + "}", "a/adapter_config.json"); });
+  EXPECT_TRUE(contains(shallow, "r must be a positive integer, got [[[")) << shallow;
 }
 
 }  // namespace

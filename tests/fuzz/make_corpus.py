@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/.
+
+Each seed is a small valid file, so the fuzzer starts from inputs that pass the readers'
+checks and mutates its way into the corners. Run it again after a format change; the
+layouts follow core/safetensors.h, core/data/token_file.h and PEFT's adapter_config.json.
+"""
+import json
+import pathlib
+import struct
+
+CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: [(name, dtype, shape, raw bytes)], laid out in name order as the writer does."""
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in sorted(tensors):
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def token_file(tokens, vocab_size):
+    header = b"MTTOKENS" + struct.pack("<IIIIQ", 1, 2, vocab_size, 0, len(tokens))
+    return header + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+def adapter_config(**overrides):
+    config = {  # the fields PEFT writes for a LoRA adapter (json.dumps with sort_keys=True, indent=2)
+        "alpha_pattern": {},
+        "base_model_name_or_path": "gpt2",
+        "bias": "none",
+        "fan_in_fan_out": True,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "lora_alpha": 16,
+        "lora_dropout": 0.05,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": 8,
+        "rank_pattern": {},
+        "revision": None,
+        "target_modules": ["c_attn", "c_proj"],
+        "task_type": "CAUSAL_LM",
+        "use_dora": False,
+        "use_rslora": False,
+    }
+    config.update(overrides)
+    return json.dumps(config, indent=2, sort_keys=True).encode()
+
+
+SEEDS = {
+    "safetensors": {
+        "two_tensors.safetensors": safetensors(
+            [("bias", "I64", [2], struct.pack("<2q", -1, 7)),
+             ("weight", "F32", [2, 3], struct.pack("<6f", 0.5, -1, 2, 0, 3.25, -0.125))],
+            metadata={"format": "pt"}),
+        "every_dtype.safetensors": safetensors(
+            [("a_bf16", "BF16", [2], b"\x80\x3f\x00\xc0"),
+             ("b_bool", "BOOL", [3], b"\x01\x00\x01"),
+             ("c_f16", "F16", [1, 2], b"\x00\x3c\x00\xbc"),
+             ("d_f64", "F64", [1], struct.pack("<d", 2.5)),
+             ("e_i32", "I32", [2], struct.pack("<2i", 3, -4)),
+             ("f_u8", "U8", [2, 2], b"\x00\x01\xfe\xff"),
+             ("g_f8e4m3", "F8_E4M3", [2], b"\x38\xb8"),
+             ("h_f8e5m2", "F8_E5M2", [2], b"\x3c\xbc")]),
+        "empty_and_scalar.safetensors": safetensors(
+            [("empty", "F32", [0, 4], b""), ("scalar", "F32", [], struct.pack("<f", 1.0))]),
+    },
+    "token_file": {
+        "bytes.tokens": token_file(list(b"hello, token file"), 256),
+        "full_u16.tokens": token_file([0, 1, 65535, 40000, 7], 65536),
+        "one_token.tokens": token_file([0], 1),
+    },
+    "adapter_config": {
+        "list_targets.json": adapter_config(),
+        "regex_targets.json": adapter_config(target_modules=r".*\.(c_attn|c_fc)", use_rslora=True, r=4,
+                                             lora_alpha=8.5),
+        "minimal.json": json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                    "target_modules": ["q_proj", "v_proj"]}).encode(),
+    },
+}
+
+
+def main():
+    for target, seeds in SEEDS.items():
+        folder = CORPUS / target
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, content in seeds.items():
+            assert len(content) < 4096, f"{target}/{name} is {len(content)} bytes; seeds stay under 4 KiB"
+            (folder / name).write_bytes(content)
+            print(f"{folder / name}: {len(content)} bytes")
+
+
+if __name__ == "__main__":
+    main()
