@@ -4,15 +4,22 @@
 //
 // The training loop is what a user writes, as with PyTorch's AMP: forward and
 // loss under autocast, the loss scaled, backward, scaler step, scaler update,
-// learning-rate schedule.
+// learning-rate schedule. Under mpirun it trains data-parallel with no other change:
+// each rank takes every world-th point (all three arms), gradients are averaged by
+// DistributedDataParallel, rank 0 prints the loss averaged over the ranks.
+//
+//   mpirun -np 2 build/examples/mlp --device cuda     # one GPU per rank
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/cuda_context.h"
+#include "distributed/ddp.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
 #include "ops/ops.h"
@@ -49,15 +56,29 @@ Dataset make_spirals(int64_t per_class, uint64_t seed) {
   return {mt::from_vector(xy, {n, 2}), mt::from_vector(labels, {n}, mt::DType::i64)};
 }
 
-// One linear layer's parameters, initialised like torch.nn.Linear (uniform +-1/sqrt(in)).
-struct Layer {
-  mt::Tensor weight;  // [out, in]
-  mt::Tensor bias;    // [out]
-  Layer(int64_t in, int64_t out, mt::Device device, mt::Generator& gen) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    weight = mt::uniform({out, in}, -bound, bound, mt::TensorOptions().device(device), &gen).requires_grad_();
-    bias = mt::uniform({out}, -bound, bound, mt::TensorOptions().device(device), &gen).requires_grad_();
+// 2 -> hidden -> hidden -> 3 with ReLUs; each layer initialised like torch.nn.Linear
+// (uniform +-1/sqrt(in)). A Module, so that data parallelism can find its parameters.
+class SpiralMlp : public mt::nn::Module {
+ public:
+  SpiralMlp(int64_t hidden, mt::Device device, mt::Generator& gen) {
+    add_layer("fc1", 2, hidden, device, gen);
+    add_layer("fc2", hidden, hidden, device, gen);
+    add_layer("fc3", hidden, 3, device, gen);
   }
+  mt::Tensor forward(const mt::Tensor& x) const {
+    mt::Tensor h = mt::relu(mt::linear(x, weights_[0], biases_[0]));
+    h = mt::relu(mt::linear(h, weights_[1], biases_[1]));
+    return mt::linear(h, weights_[2], biases_[2]);  // [N, 3] logits
+  }
+
+ private:
+  void add_layer(const std::string& name, int64_t in, int64_t out, mt::Device device, mt::Generator& gen) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    const mt::TensorOptions options = mt::TensorOptions().device(device);
+    weights_.push_back(register_parameter(name + "_weight", mt::uniform({out, in}, -bound, bound, options, &gen)));
+    biases_.push_back(register_parameter(name + "_bias", mt::uniform({out}, -bound, bound, options, &gen)));
+  }
+  std::vector<mt::Tensor> weights_, biases_;
 };
 
 double accuracy(const mt::Tensor& logits, const std::vector<int64_t>& labels) {
@@ -113,16 +134,31 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const mt::Device device(device_name);
+    // Under mpirun: one process per rank, each on its own GPU (by local rank) when on CUDA.
+    mt::dist::ProcessGroup* group =
+        mt::dist::ProcessGroup::launched_by_mpi() ? &mt::dist::ProcessGroup::init() : nullptr;
+    const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
+    mt::Device device(device_name);
+    if (group && device.is_cuda() && device_name == "cuda") {
+      device = mt::cuda_device(group->local_rank() % mt::cuda::device_count());
+    }
+    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
+    if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
+
     mt::manual_seed(seed);
     mt::Generator gen(seed);
     const Dataset data = make_spirals(per_class, seed);
     const std::vector<int64_t> labels = data.labels.to_vector<int64_t>();
     const mt::Tensor x = data.points.to(device);
     const mt::Tensor y = data.labels.to(device);
+    // This rank's share: every world-th point.
+    const mt::Tensor x_shard = x.slice(0, rank, x.size(0), world), y_shard = y.slice(0, rank, y.size(0), world);
+    const std::vector<int64_t> shard_labels = y_shard.to_vector<int64_t>();
 
-    Layer l1(2, hidden, device, gen), l2(hidden, hidden, device, gen), l3(hidden, 3, device, gen);
-    const std::vector<mt::Tensor> params = {l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias};
+    SpiralMlp model(hidden, device, gen);
+    std::unique_ptr<mt::dist::DistributedDataParallel> ddp;
+    if (group) ddp = std::make_unique<mt::dist::DistributedDataParallel>(model, *group);
+    const std::vector<mt::Tensor> params = model.parameters();
     std::unique_ptr<mt::Optimizer> optimizer;
     if (optimizer_name == "adamw") {
       optimizer = std::make_unique<mt::AdamW>(params, mt::AdamWOptions(lr).weight_decay(1e-4));
@@ -134,33 +170,41 @@ int main(int argc, char** argv) {
     mt::GradScaler scaler(device, mt::GradScalerOptions().enabled(amp == "fp16"));
     const bool autocast = amp != "off";
     const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
-    auto forward = [&](const mt::Tensor& input) {
-      mt::Tensor h = mt::relu(mt::linear(input, l1.weight, l1.bias));
-      h = mt::relu(mt::linear(h, l2.weight, l2.bias));
-      return mt::linear(h, l3.weight, l3.bias);  // [N, 3] logits
-    };
+    auto forward = [&](const mt::Tensor& input) { return model.forward(input); };
 
     std::printf("mlp: %lld points, 3 classes, 2-%d-%d-3 MLP on %s, %s lr %.3g (warmup + cosine), amp %s\n",
                 static_cast<long long>(x.size(0)), hidden, hidden, device.str().c_str(), optimizer_name.c_str(), lr,
                 amp.c_str());
+    if (group) {
+      std::printf("mlp: data parallel over %d ranks, %lld points each\n", world,
+                  static_cast<long long>(x_shard.size(0)));
+    }
     const auto start = std::chrono::steady_clock::now();
     double acc = 0.0;
     for (int step = 1; step <= steps; ++step) {
       mt::Tensor logits, loss;
       {
         mt::AutocastGuard amp_region(device.type, low, autocast);
-        logits = forward(x);
-        loss = mt::cross_entropy(logits, y);  // f32 under autocast
+        logits = forward(x_shard);
+        loss = mt::cross_entropy(logits, y_shard);  // f32 under autocast
       }
-      optimizer->zero_grad();
+      if (ddp) {
+        ddp->zero_grad();
+      } else {
+        optimizer->zero_grad();
+      }
       scaler.scale(loss).backward();
+      if (ddp) ddp->synchronize();  // the gradients, averaged over the ranks
       scaler.step(*optimizer);
       scaler.update();
       schedule.step();
       if (step % log_every == 0 || step == steps) {
-        acc = accuracy(logits, labels);  // reading values waits for the device: only when logging
+        // Reading values waits for the device: only when logging. Every rank logs on the same steps.
+        acc = accuracy(logits, shard_labels);
+        const double mean_loss = group ? group->mean_over_ranks(loss.item()) : loss.item();
+        if (group) acc = group->mean_over_ranks(acc);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  lr %.2e  loss scale %g  %.3f ms/step\n", step, loss.item(),
+        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  lr %.2e  loss scale %g  %.3f ms/step\n", step, mean_loss,
                     100.0 * acc, schedule.last_lr(), scaler.get_scale(), 1000.0 * seconds / step);
       }
     }

@@ -46,60 +46,34 @@ __global__ void ternary_kernel(T* out, StridedIndexer oi, const T* a, StridedInd
   }
 }
 
-template <typename T, typename Op>
-__global__ void unary_packed_kernel(T* out, const T* in, int64_t n, Op op) {
+// op over one pack of each input, element by element, in acc_t<T>.
+template <typename T, int N, typename Op, typename... Packs>
+__device__ __forceinline__ Pack<T, N> apply_to_packs(Op op, const Packs&... in) {
   using A = acc_t<T>;
-  constexpr int N = pack_size<T>();
-  using P = Pack<T, N>;
-  for_each_pack<N>(
-      n,
-      [&](int64_t i) {
-        const P x = reinterpret_cast<const P*>(in)[i];
-        P y;
+  Pack<T, N> out;
 #pragma unroll
-        for (int k = 0; k < N; ++k) y.v[k] = convert<T>(op(convert<A>(x.v[k])));
-        reinterpret_cast<P*>(out)[i] = y;
-      },
-      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(in[i]))); });
+  for (int k = 0; k < N; ++k) out.v[k] = convert<T>(op(convert<A>(in.v[k])...));
+  return out;
 }
 
-template <typename T, typename Op>
-__global__ void binary_packed_kernel(T* out, const T* a, const T* b, int64_t n, Op op) {
+// out = op(in...) over dense operands: each input pack is loaded whole (one 16-byte load)
+// before the element loop.
+template <typename T, typename Op, typename... In>
+__global__ void packed_kernel(T* out, int64_t n, Op op, const In*... in) {
   using A = acc_t<T>;
   constexpr int N = pack_size<T>();
   using P = Pack<T, N>;
   for_each_pack<N>(
       n,
-      [&](int64_t i) {
-        const P x = reinterpret_cast<const P*>(a)[i];
-        const P y = reinterpret_cast<const P*>(b)[i];
-        P z;
-#pragma unroll
-        for (int k = 0; k < N; ++k) z.v[k] = convert<T>(op(convert<A>(x.v[k]), convert<A>(y.v[k])));
-        reinterpret_cast<P*>(out)[i] = z;
-      },
-      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(a[i]), convert<A>(b[i]))); });
+      [&](int64_t i) { reinterpret_cast<P*>(out)[i] = apply_to_packs<T, N>(op, reinterpret_cast<const P*>(in)[i]...); },
+      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(in[i])...)); });
 }
 
-template <typename T, typename Op>
-__global__ void ternary_packed_kernel(T* out, const T* a, const T* b, const T* c, int64_t n, Op op) {
-  using A = acc_t<T>;
-  constexpr int N = pack_size<T>();
-  using P = Pack<T, N>;
-  for_each_pack<N>(
-      n,
-      [&](int64_t i) {
-        const P x = reinterpret_cast<const P*>(a)[i];
-        const P y = reinterpret_cast<const P*>(b)[i];
-        const P w = reinterpret_cast<const P*>(c)[i];
-        P z;
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-          z.v[k] = convert<T>(op(convert<A>(x.v[k]), convert<A>(y.v[k]), convert<A>(w.v[k])));
-        }
-        reinterpret_cast<P*>(out)[i] = z;
-      },
-      [&](int64_t i) { out[i] = convert<T>(op(convert<A>(a[i]), convert<A>(b[i]), convert<A>(c[i]))); });
+// Launches packed_kernel for n elements of T.
+template <typename T, typename Op, typename... In>
+void launch_packed(const Stream& stream, T* out, int64_t n, Op op, const In*... in) {
+  packed_kernel<T, Op, In...><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(out, n, op, in...);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 // Dense and 16-byte aligned: the packed kernels can read and write t.
@@ -115,9 +89,7 @@ void map_unary(const Tensor& out, const Tensor& in, const char* name, Op op) {
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (loops_detail::packable(out) && loops_detail::packable(in)) {
-      loops_detail::unary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
-          static_cast<T*>(out.data_ptr()), static_cast<const T*>(in.data_ptr()), n, op);
-      MT_CUDA_CHECK_LAUNCH();
+      loops_detail::launch_packed(stream, static_cast<T*>(out.data_ptr()), n, op, static_cast<const T*>(in.data_ptr()));
       return;
     }
     loops_detail::unary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
@@ -135,10 +107,8 @@ void map_binary(const Tensor& out, const Tensor& a, const Tensor& b, const char*
   dispatch_floating(out.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (loops_detail::packable(out) && loops_detail::packable(a) && loops_detail::packable(b)) {
-      loops_detail::binary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
-          static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()), n,
-          op);
-      MT_CUDA_CHECK_LAUNCH();
+      loops_detail::launch_packed(stream, static_cast<T*>(out.data_ptr()), n, op, static_cast<const T*>(a.data_ptr()),
+                                  static_cast<const T*>(b.data_ptr()));
       return;
     }
     loops_detail::binary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(
@@ -157,10 +127,8 @@ void map_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
     using T = typename decltype(tag)::type;
     if (loops_detail::packable(out) && loops_detail::packable(a) && loops_detail::packable(b) &&
         loops_detail::packable(c)) {
-      loops_detail::ternary_packed_kernel<T, Op><<<grid_for(n / pack_size<T>() + 1), kBlockSize, 0, stream.handle()>>>(
-          static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
-          static_cast<const T*>(c.data_ptr()), n, op);
-      MT_CUDA_CHECK_LAUNCH();
+      loops_detail::launch_packed(stream, static_cast<T*>(out.data_ptr()), n, op, static_cast<const T*>(a.data_ptr()),
+                                  static_cast<const T*>(b.data_ptr()), static_cast<const T*>(c.data_ptr()));
       return;
     }
     loops_detail::ternary_kernel<T, Op><<<grid_for(n), kBlockSize, 0, stream.handle()>>>(

@@ -22,6 +22,15 @@ namespace {
 constexpr const char* kOp = "cross_entropy";
 constexpr int kReduceThreads = 512;
 
+// d(row loss)/d(logit) for a unit loss: softmax - onehot; 0 for an ignored row, NaN for an
+// out-of-range target (not checked on CUDA: see loss.h).
+template <typename A>
+__device__ __forceinline__ A unit_loss_grad(A logit, A lse, bool is_target, bool ignored, bool invalid) {
+  if (ignored) return A(0);
+  if (invalid) return std::numeric_limits<A>::quiet_NaN();
+  return math::exp(logit - lse) - (is_target ? A(1) : A(0));
+}
+
 template <typename T, typename I>
 __global__ void cross_entropy_forward_kernel(acc_t<T>* loss, acc_t<T>* lse, const T* logits, const I* target,
                                              int64_t rows, int64_t classes, int64_t ignore_index) {
@@ -87,15 +96,8 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
     const bool ignored = k == ignore_index;
     const bool invalid = !ignored && (k < 0 || k >= classes);
     for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
-      A v;
-      if (ignored) {
-        v = A(0);
-      } else if (invalid) {
-        v = std::numeric_limits<A>::quiet_NaN();
-      } else {
-        v = (math::exp(convert<A>(x[c]) - l) - (c == k ? A(1) : A(0))) * g;
-      }
-      dx[c] = convert<T>(v);
+      // An ignored row's gradient is 0 even when g is not finite (a mean over no rows).
+      dx[c] = convert<T>(ignored ? A(0) : unit_loss_grad(convert<A>(x[c]), l, c == k, ignored, invalid) * g);
     }
   }
 }
@@ -145,16 +147,7 @@ __global__ void cross_entropy_unit_grad_kernel(acc_t<T>* loss, acc_t<T>* lse, T*
       P v = x[c];
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const int64_t j = c * N + k;
-        A g;
-        if (ignored) {
-          g = A(0);
-        } else if (invalid) {
-          g = std::numeric_limits<A>::quiet_NaN();
-        } else {
-          g = math::exp(convert<A>(v.v[k]) - l) - (j == t ? A(1) : A(0));
-        }
-        v.v[k] = convert<T>(g);
+        v.v[k] = convert<T>(unit_loss_grad(convert<A>(v.v[k]), l, c * N + k == t, ignored, invalid));
       }
       x[c] = v;
     }
