@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "optim/training_checkpoint.h"
 
 namespace {
 
@@ -131,6 +133,17 @@ int main(int argc, char** argv) {
   app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is lower")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  std::string save_dir;
+  int save_every = 0;
+  bool resume = false;
+  app.add_option("--save-dir", save_dir, "write training checkpoints here (model, optimizer, scaler, schedule)");
+  app.add_option("--save-every", save_every, "steps between checkpoints (0: only after the last step)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", resume, "continue from the newest checkpoint in --save-dir (a fresh start if none)");
+  int stop_at = 0;
+  app.add_option("--stop-at", stop_at, "stop after this step with a checkpoint, to run a job in slices")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -179,9 +192,28 @@ int main(int argc, char** argv) {
       std::printf("mlp: data parallel over %d ranks, %lld points each\n", world,
                   static_cast<long long>(x_shard.size(0)));
     }
+    // Training checkpoints: rank 0 writes, every rank resumes from the same file.
+    MT_CHECK(!resume || !save_dir.empty(), "mlp: --resume needs --save-dir");
+    MT_CHECK(stop_at == 0 || !save_dir.empty(), "mlp: --stop-at needs --save-dir");
+    std::unique_ptr<mt::CheckpointDirectory> checkpoints;
+    if (!save_dir.empty()) checkpoints = std::make_unique<mt::CheckpointDirectory>(save_dir, /*keep=*/2);
+    mt::TrainingState state{&model, optimizer.get(), &scaler, &schedule, {}};
+    int first_step = 1;
+    if (resume) {
+      if (const std::optional<std::string> latest = checkpoints->latest()) {
+        mt::load_training_checkpoint(*latest, state);
+        first_step = static_cast<int>(state.extra.at("step")) + 1;
+        std::printf("mlp: resumed from %s at step %d\n", latest->c_str(), first_step - 1);
+      }
+    }
+    auto save = [&](int step) {
+      state.extra["step"] = step;
+      if (rank == 0) std::printf("mlp: checkpoint %s\n", checkpoints->save(step, state).c_str());
+    };
+
     const auto start = std::chrono::steady_clock::now();
     double acc = 0.0;
-    for (int step = 1; step <= steps; ++step) {
+    for (int step = first_step; step <= steps; ++step) {
       mt::Tensor logits, loss;
       {
         mt::AutocastGuard amp_region(device.type, low, autocast);
@@ -205,7 +237,12 @@ int main(int argc, char** argv) {
         if (group) acc = group->mean_over_ranks(acc);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::printf("step %5d  loss %.4f  accuracy %5.1f%%  lr %.2e  loss scale %g  %.3f ms/step\n", step, mean_loss,
-                    100.0 * acc, schedule.last_lr(), scaler.get_scale(), 1000.0 * seconds / step);
+                    100.0 * acc, schedule.last_lr(), scaler.get_scale(), 1000.0 * seconds / (step - first_step + 1));
+      }
+      if (checkpoints && ((save_every > 0 && step % save_every == 0) || step == steps || step == stop_at)) save(step);
+      if (step == stop_at) {
+        std::printf("mlp: stopped after step %d (--stop-at)\n", step);
+        return 0;
       }
     }
     {
