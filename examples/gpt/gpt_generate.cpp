@@ -26,13 +26,15 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_flag("--merge", merge, "merge the adapter into the weights before sampling (same text, faster)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  app.add_option("--tokens", tokens, "tokens (bytes) to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tokens", tokens, "tokens (bytes) to generate")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
   app.add_option("--temperature", temperature, "softmax temperature (0: greedy)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(gpt_example::non_negative());
   app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(gpt_example::non_negative());
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

@@ -33,10 +33,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--adapter-out", adapter_out, "directory to save the adapter to (PEFT layout)")->required();
   app.add_option("--merged-out", merged_out, "also merge the adapter into the base and save the model here");
-  app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--alpha", lora.alpha, "LoRA alpha (scale alpha/r)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(gpt_example::positive());
   app.add_option("--lora-dropout", lora.dropout, "dropout on the adapter's input")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "prompt of the samples printed before and after")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of those samples (0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(gpt_example::non_negative());
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -30,17 +30,19 @@ int main(int argc, char** argv) {
   placement_flags.add_to(app);
   train_flags.add_to(app, "training token file (from gpt_tokenize)");
   app.add_option("--out", out, "directory to save the model to (config.json, model.safetensors)")->required();
-  app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--layers", config.n_layer, "transformer blocks")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--context", config.n_positions, "longest sequence the model accepts (0: --seq-len)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(gpt_example::non_negative());
   app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   app.add_option("--prompt", prompt, "prompt of the sample printed after training")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of that sample (0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(gpt_example::non_negative());
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -85,6 +85,25 @@ std::string peak_memory_text(const mt::Device& device) {
 
 // ------------------------------------------------------------------ flags
 
+namespace {
+
+CLI::Validator number_check(bool allow_zero) {
+  const char* what = allow_zero ? "a number >= 0" : "a positive number";
+  return CLI::Validator(
+      [allow_zero, what](std::string& input) {
+        double value = 0;
+        const bool number = CLI::detail::lexical_cast(input, value);
+        if (number && (allow_zero ? value >= 0 : value > 0)) return std::string();
+        return std::string("expected ") + what + ", got " + (input.empty() ? "''" : input);
+      },
+      allow_zero ? "NONNEGATIVE" : "POSITIVE");
+}
+
+}  // namespace
+
+CLI::Validator positive() { return number_check(/*allow_zero=*/false); }
+CLI::Validator non_negative() { return number_check(/*allow_zero=*/true); }
+
 std::string Placement::describe() const {
   return device.str() + (amp ? std::string(", ") + mt::dtype_name(*amp) + " autocast" : std::string(", f32")) +
          (world_size() > 1 ? ", data parallel over " + std::to_string(world_size()) + " ranks" : std::string());
@@ -117,26 +136,24 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--data", data, data_help)->required()->check(CLI::ExistingFile);
   app.add_option("--val-data", val_data, "validation token file (loss reported after training)")
       ->check(CLI::ExistingFile);
-  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch_size, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(positive());
+  app.add_option("--batch-size", batch_size, "sequences per step")->capture_default_str()->check(positive());
+  app.add_option("--seq-len", seq_len, "tokens per sequence")->capture_default_str()->check(positive());
+  app.add_option("--lr", lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
   app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--min-lr-ratio", min_lr_ratio, "final lr as a fraction of the peak")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--grad-clip", grad_clip, "clip the global gradient norm to this (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--seed", seed, "seed for initialisation, batches and dropout")->capture_default_str();
-  app.add_option("--log-every", log_every, "steps between progress lines")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  app.add_option("--log-every", log_every, "steps between progress lines")->capture_default_str()->check(positive());
   app.add_option("--checkpoint", checkpoint,
                  "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), or selective "
                  "(recompute attention only)")
@@ -146,20 +163,18 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
                  "SIGTERM, SIGINT or SIGUSR1 then finish the step, write one and exit 0");
   app.add_option("--save-every", save_every, "steps between checkpoints (0: only when stopped by a signal)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", keep, "checkpoints kept in --save-dir")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(non_negative());
+  app.add_option("--keep", keep, "checkpoints kept in --save-dir")->capture_default_str()->check(positive());
   app.add_option("--stop-at", stop_at,
                  "stop after this step as SIGTERM would (checkpoint and exit 0), to run a job in slices")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_flag("--detect-anomaly", detect_anomaly,
                "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
   app.add_flag("--deterministic", deterministic,
                "repeatable kernels only, so that a resumed GPU run repeats an uninterrupted one bit for bit");
   app.add_flag("--resume", resume,
                "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
-  app.add_option("--eval-batches", eval_batches, "validation batches")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  app.add_option("--eval-batches", eval_batches, "validation batches")->capture_default_str()->check(positive());
 }
 
 // ------------------------------------------------------------------ training
@@ -185,9 +200,9 @@ double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t bat
 TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, const TrainFlags& flags,
                   const Placement& placement, const std::string& tag) {
   const mt::data::TokenFile data(flags.data);
-  MT_CHECK(data.vocab_size() <= model.config().vocab_size, tag, ": ", flags.data, " has vocab_size ", data.vocab_size(),
-           " but the model's is ", model.config().vocab_size);
-  MT_CHECK(flags.seq_len <= model.config().n_positions, tag, ": --seq-len ", flags.seq_len,
+  MT_CHECK(data.vocab_size() <= model.config().vocab_size, flags.data, ": the token file's vocab_size ",
+           data.vocab_size(), " is larger than the model's vocab_size ", model.config().vocab_size);
+  MT_CHECK(flags.seq_len <= model.config().n_positions, "--seq-len ", flags.seq_len,
            " exceeds the model's n_positions ", model.config().n_positions);
   mt::data::TokenBatcher batcher(data, mt::data::BatcherOptions(flags.batch_size, flags.seq_len)
                                            .seed(flags.seed)
@@ -218,8 +233,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
 
   // Training checkpoints and resuming (rank 0 writes; every rank reads the same file).
   std::optional<mt::CheckpointDirectory> saves;
-  MT_CHECK(!flags.resume || !flags.save_dir.empty(), tag, ": --resume needs --save-dir");
-  MT_CHECK(flags.stop_at == 0 || !flags.save_dir.empty(), tag, ": --stop-at needs --save-dir");
+  MT_CHECK(!flags.resume || !flags.save_dir.empty(), "--resume needs --save-dir");
+  MT_CHECK(flags.stop_at == 0 || !flags.save_dir.empty(), "--stop-at needs --save-dir");
   if (!flags.save_dir.empty()) {
     saves.emplace(flags.save_dir, flags.keep);
     install_stop_handlers();
@@ -300,7 +315,7 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       // The only read-back of a step, and only when logging; averaged over the ranks.
       const double value = placement.world_size() > 1 ? placement.group->mean_over_ranks(loss.item()) : loss.item();
       if (!std::isfinite(value) && !fp16) {
-        throw mt::Error(tag + ": the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
+        throw mt::Error("the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
                         "; lower --lr or check the data");
       }
       if (step == first_step) result.first_loss = value;

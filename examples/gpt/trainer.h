@@ -31,6 +31,13 @@ struct Placement {
   int world_size() const { return group == nullptr ? 1 : group->world_size(); }
   std::string describe() const;
 };
+
+// Checks for numeric flags. CLI11's PositiveNumber and NonNegativeNumber print their bounds as
+// "0.000000 to <a 309-digit number>" (and refuse 0 in a message that puts 0 in range); these
+// say "--steps: expected a positive number, got -1".
+CLI::Validator positive();
+CLI::Validator non_negative();
+
 struct PlacementFlags {
   std::string device = "auto";
   std::string amp = "auto";

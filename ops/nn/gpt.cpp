@@ -255,7 +255,17 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
 // ------------------------------------------------------------------ Hugging Face files
 
 std::shared_ptr<GPT> GPT::from_pretrained(const std::string& dir) {
-  auto model = std::make_shared<GPT>(GPTConfig::from_json_file(dir + "/config.json"));
+  const std::string config_path = dir + "/config.json";
+  const GPTConfig config = GPTConfig::from_json_file(config_path);
+  std::shared_ptr<GPT> model;
+  try {
+    model = std::make_shared<GPT>(config);
+  } catch (const OutOfMemoryError& e) {
+    // A mistyped size in config.json, not a model that fits: name the file and the sizes.
+    fail_file(config_path, "the model it describes (vocab_size ", config.vocab_size, ", n_positions ",
+              config.n_positions, ", n_embd ", config.n_embd, ", n_layer ", config.n_layer,
+              ") does not fit in memory: ", e.what());
+  }
   model->load_hf_weights(dir + "/model.safetensors");
   return model;
 }

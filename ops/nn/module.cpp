@@ -171,13 +171,18 @@ std::map<std::string, Tensor> Module::state_dict() const {
 
 void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   const std::map<std::string, Tensor> mine = state_dict();
+  // The first names of each list, then a count: a checkpoint of another model can miss every key.
+  constexpr int kNamesShown = 8;
   std::string missing, unexpected;
+  int n_missing = 0, n_unexpected = 0;
   for (const auto& [name, t] : mine) {
-    if (!state.count(name)) missing += " " + name;
+    if (!state.count(name) && ++n_missing <= kNamesShown) missing += " " + name;
   }
   for (const auto& [name, t] : state) {
-    if (!mine.count(name)) unexpected += " " + name;
+    if (!mine.count(name) && ++n_unexpected <= kNamesShown) unexpected += " " + name;
   }
+  if (n_missing > kNamesShown) missing += " ... (" + std::to_string(n_missing - kNamesShown) + " more)";
+  if (n_unexpected > kNamesShown) unexpected += " ... (" + std::to_string(n_unexpected - kNamesShown) + " more)";
   MT_CHECK(!strict || (missing.empty() && unexpected.empty()),
            "load_state_dict: ", missing.empty() ? "" : "missing keys:" + missing,
            missing.empty() || unexpected.empty() ? "" : "; ",
