@@ -3,7 +3,8 @@
 
 GPT-2 124M's shape (12 layers, 768 wide, 12 heads, vocab 50304), B=16, T=1024, bf16 autocast,
 SDPA attention, LoRA r=8 alpha=16 on c_attn (PEFT), AdamW; without and with gradient
-checkpointing (transformers' gradient_checkpointing_enable, non-reentrant). Prints peak memory
+checkpointing (transformers' gradient_checkpointing_enable, non-reentrant). With --full: full
+training (every parameter, fused AdamW), eager and with torch.compile. Prints peak memory
 (torch.cuda.max_memory_allocated) and the median step time over --steps after --warmup steps,
 timed with CUDA events.
 """
@@ -21,6 +22,7 @@ def main():
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--full", action="store_true", help="full training, eager and torch.compile, instead of LoRA")
     args = p.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=50304, n_positions=args.seq_len, n_embd=768, n_layer=12, n_head=12,
@@ -28,15 +30,18 @@ def main():
     config._attn_implementation = "sdpa"
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len + 1), device="cuda")
     x, y = ids[:, :-1], ids[:, 1:]
-    print(f"torch {torch.__version__}; GPT-2 124M shape, B={args.batch} T={args.seq_len}, bf16 autocast, "
-          f"PEFT LoRA r=8 on c_attn")
+    what = "full training" if args.full else "PEFT LoRA r=8 on c_attn"
+    print(f"torch {torch.__version__}; GPT-2 124M shape, B={args.batch} T={args.seq_len}, bf16 autocast, {what}")
     print(f"{'mode':<10} {'peak GiB':>10} {'step ms':>10} {'tokens/s':>12}")
-    for mode in ("off", "blocks"):
+    for mode in ("eager", "compile") if args.full else ("off", "blocks"):
         model = GPT2LMHeadModel(config).cuda()
         if mode == "blocks":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"], fan_in_fan_out=True))
+        if not args.full:
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"],
+                                                     fan_in_fan_out=True))
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, fused=True)
+        forward = torch.compile(model) if mode == "compile" else model
         times = []
         for step in range(args.warmup + args.steps):
             if step == args.warmup:
@@ -44,7 +49,7 @@ def main():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(input_ids=x).logits
+                logits = forward(input_ids=x).logits
                 loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.reshape(-1))
             loss.backward()
             opt.step()

@@ -14,6 +14,11 @@ echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
 echo "-- PyTorch + PEFT --"
 python3 tools/bench/gpt_step_torch.py
+echo "-- PyTorch, full training, eager and torch.compile --"
+python3 tools/bench/gpt_step_torch.py --full
+echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + AdamW (launch-bound) =="
+"$build/tools/mlp_step" --device cuda --profile "$profile"
+python3 tools/bench/mlp_step_torch.py
 if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') >= 2)); then
   echo "== GPT-2 124M shape, full training, data parallel over 2 GPUs (B=16 per GPU) =="
   mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
