@@ -72,7 +72,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     // Own the gradient: the incoming tensor may alias another buffer of the graph,
     // unless this handle is its only owner (then it is taken as is, without a copy)
     // or the leaf asked for the gradient as it comes (checkpoint's recompute inputs).
-    const bool sole_owner = grad.impl_use_count() == 1 && grad.storage().use_count() == 1;
+    const bool sole_owner = grad.impl_use_count() == 1 && grad.storage().use_count() == 1 && grad.offset() == 0 &&
+                            grad.nbytes() == grad.storage()->nbytes();  // not a slice keeping a bigger buffer
     m.grad = m.keep_incoming_grad || (sole_owner && grad.is_contiguous()) ? grad : raw::clone(grad);
   } else {
     raw::accumulate_(m.grad, grad);

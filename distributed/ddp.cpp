@@ -137,6 +137,7 @@ Tensor DistributedDataParallel::slot(const Param& p) const {
 }
 
 void DistributedDataParallel::zero_grad() {
+  wait_for_reductions();  // a backward that threw may have left reductions writing into the buckets
   NoGradGuard no_grad;
   for (Bucket& b : buckets_) b.flat.zero_();
   for (Param& p : params_) {
@@ -205,7 +206,10 @@ void DistributedDataParallel::synchronize() {
     NoGradGuard no_grad;
     for (Param& p : params_) {
       if (p.ready) continue;
-      slot(p).zero_();
+      // A gradient accumulated under no_sync is in the slot already: keep it. Only a slot the
+      // gradient no longer points at (the optimizer set it to none) holds stale values.
+      const Tensor grad = p.tensor.grad();
+      if (!grad.defined() || !grad.shares_storage_with(buckets_[p.bucket].flat)) slot(p).zero_();
       Tensor handle = p.tensor;
       handle.set_grad(slot(p));
       p.ready = true;

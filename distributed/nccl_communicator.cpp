@@ -148,7 +148,13 @@ class NcclCommunicator : public Communicator {
       launching_ = what;
       launch_started_ = std::chrono::steady_clock::now();
     }
-    launch(static_cast<cudaStream_t>(stream_.handle()));
+    try {
+      launch(static_cast<cudaStream_t>(stream_.handle()));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      launching_.clear();  // nothing is in flight: the watchdog must not time it
+      throw;
+    }
     auto done = std::make_shared<cuda::Event>(device_);
     done->record(stream_);
     {
@@ -164,6 +170,9 @@ class NcclCommunicator : public Communicator {
   // Either failure aborts the communicator (freeing the GPU from the stuck kernel) and ends
   // the process: the host may be blocked in a CUDA call behind that kernel.
   void watch() {
+    // This thread's CUDA calls must go to this rank's GPU: on device 0 they would create a
+    // context there, costing every rank's memory on GPU 0.
+    cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       wake_.wait_for(lock, std::chrono::milliseconds(50));

@@ -70,7 +70,11 @@ class MpiWork : public Work {
   MpiWork(const ProcessGroup& group, Tensor t, bool average, std::string what)
       : group_(group), tensor_(std::move(t)), average_(average), what_(std::move(what)) {}
   ~MpiWork() override {
-    if (!waited_) wait();  // a request must complete before its buffer goes
+    try {
+      if (!waited_) wait();  // a request must complete before its buffer goes
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mixtrain: %s\n", e.what());  // a destructor must not throw
+    }
   }
   MPI_Request* request() { return &request_; }
   void wait() override {

@@ -13,6 +13,7 @@
 // dtypes; the calls check what they can and name the rank in their errors.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -74,7 +75,7 @@ class ProcessGroup {
 
   // How long a collective may take before the process gives up on its peers (seconds):
   // MT_COLLECTIVE_TIMEOUT_S in the environment, else 600.
-  double timeout_seconds() const { return timeout_s_; }
+  double timeout_seconds() const { return timeout_s_.load(); }
   void set_timeout_seconds(double seconds);
 
  private:
@@ -82,7 +83,7 @@ class ProcessGroup {
   Communicator& communicator_for(const Tensor& t);
 
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_world_ = 1;
-  double timeout_s_ = 600;
+  std::atomic<double> timeout_s_{600};  // read by the NCCL watchdog thread
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> mpi_;
   std::unique_ptr<Communicator> nccl_;  // created on the first CUDA collective

@@ -118,7 +118,11 @@ void scale_by_loss_grad_cpu(const Tensor& out, const Tensor& in, const Tensor& g
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     A g = *static_cast<const A*>(grad.data_ptr());
-    if (reduction == Reduction::mean) g /= static_cast<A>(*static_cast<const int64_t*>(count.data_ptr()));
+    if (reduction == Reduction::mean) {
+      // A mean over no rows: the loss is NaN, but every gradient is 0 (the rows are all ignored).
+      const int64_t rows = *static_cast<const int64_t*>(count.data_ptr());
+      g = rows == 0 ? A(0) : g / static_cast<A>(rows);
+    }
     T* o = static_cast<T*>(out.data_ptr());
     const int64_t n = out.numel();
     auto scale = [&](const auto* x) {

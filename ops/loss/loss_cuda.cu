@@ -124,7 +124,7 @@ __global__ void cross_entropy_unit_grad_kernel(acc_t<T>* loss, acc_t<T>* lse, T*
         if (a > m) {
           s = s * math::exp(m - a) + A(1);
           m = a;
-        } else {
+        } else if (a > -std::numeric_limits<A>::infinity()) {  // exp(-inf - -inf) would be NaN
           s += math::exp(a - m);
         }
       }
@@ -159,7 +159,8 @@ template <typename T, typename In>
 __global__ void scale_by_loss_grad_kernel(T* out, const In* in, const acc_t<T>* grad, const int64_t* count, int64_t n) {
   using A = acc_t<T>;
   A g = *grad;
-  if (count != nullptr) g = g / static_cast<A>(*count);
+  // A mean over no rows: the loss is NaN, but every gradient is 0 (the rows are all ignored).
+  if (count != nullptr) g = *count == 0 ? A(0) : g / static_cast<A>(*count);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{blockDim.x} * gridDim.x) {
     out[i] = convert<T>(convert<A>(in[i]) * g);
   }

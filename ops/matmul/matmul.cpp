@@ -106,7 +106,9 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
                            args.bias.dtype() == out.dtype() && args.bias.device() == out.device(),
                        "gemm: bias ", describe(args.bias), " for out ", describe(out), " with beta ", args.beta);
     if (out.is_cuda()) {
-      p.bias = raw::contiguous(args.bias);
+      // cuBLASLt's bias epilogue wants a 16-byte aligned vector; a view at an odd offset gets a copy.
+      const Tensor bias = raw::contiguous(args.bias);
+      p.bias = reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0 ? bias : raw::clone(bias);
     } else {  // the CPU kernels accumulate onto a copy of the bias instead
       Tensor target = out;
       target.copy_(raw::expand(args.bias, out.shape()));

@@ -57,10 +57,19 @@ Tensor Block::forward(const Tensor& x) const {
 Tensor Block::forward_checkpointed(const Tensor& x) const {
   bool projection_trains = false;
   for (const Tensor& p : mlp->c_proj->parameters()) projection_trains = projection_trains || p.requires_grad();
-  if (projection_trains) return checkpoint([this](const Tensor& t) { return forward(t); }, x);
+  // The segments hold the submodules themselves (not this block), so a recompute never reaches
+  // a destroyed block.
+  if (projection_trains) {
+    return checkpoint(
+        [ln_1 = ln_1, attn = attn, ln_2 = ln_2, mlp = mlp](const Tensor& t) {
+          const Tensor h = add(t, attn->forward(ln_1->forward(t)));
+          return add(h, mlp->forward(ln_2->forward(h)));
+        },
+        x);
+  }
   // Segment: x -> (h, GELU(c_fc(ln_2(h)))); then h + dropout(c_proj(hidden)) outside it.
   const std::vector<Tensor> kept = checkpoint(
-      [this](const std::vector<Tensor>& in) {
+      [ln_1 = ln_1, attn = attn, ln_2 = ln_2, mlp = mlp](const std::vector<Tensor>& in) {
         const Tensor h = add(in[0], attn->forward(ln_1->forward(in[0])));
         return std::vector<Tensor>{h, gelu(mlp->c_fc->forward(ln_2->forward(h)), GeluApproximation::tanh)};
       },

@@ -382,6 +382,29 @@ TEST(LinearCrossEntropy, UnderAutocastMatchesLinearThenCrossEntropy) {
   EXPECT_LE(relative_norm_error(w.grad(), wr.grad()), 1e-2);
 }
 
+// Every row ignored: the mean is 0/0 = NaN, as cross_entropy's, and every gradient is exactly 0
+// (not NaN from 0 * (1/0)), so a batch of padding cannot poison the weights.
+void expect_all_ignored_gives_nan_and_zero_gradients(const Device& device) {
+  Generator gen(8);
+  Tensor x = randn({3, 4}, DType::f32, &gen).to(device).requires_grad_();
+  Tensor w = randn({5, 4}, DType::f32, &gen).to(device).requires_grad_();
+  const Tensor target = i64_tensor({-100, -100, -100}, {3}).to(device);
+  const Tensor loss = linear_cross_entropy(x, w, target);
+  EXPECT_TRUE(std::isnan(loss.item()));
+  loss.backward();
+  for (double v : x.grad().to_vector<double>()) EXPECT_EQ(v, 0.0);
+  for (double v : w.grad().to_vector<double>()) EXPECT_EQ(v, 0.0);
+}
+
+TEST(LinearCrossEntropy, AllRowsIgnoredGivesNanMeanAndZeroGradients) {
+  expect_all_ignored_gives_nan_and_zero_gradients(kCPU);
+}
+
+TEST(LinearCrossEntropy, CudaAllRowsIgnoredGivesNanMeanAndZeroGradients) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_all_ignored_gives_nan_and_zero_gradients(cuda_device(0));
+}
+
 TEST(LinearCrossEntropy, ErrorsNameTheOpAndShapes) {
   const Tensor x = ones({4, 3}), w = ones({5, 3}), t = i64_tensor({0, 1, 2, 3}, {4});
   expect_contains(error_of([&] {
