@@ -57,9 +57,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
 DistributedDataParallel::~DistributedDataParallel() {
   // Reductions still in flight write into the buckets: the compute stream (which frees them)
   // must wait for them first.
-  for (Bucket& b : buckets_) {
-    if (b.work) b.work->wait();
-  }
+  wait_for_works();
 }
 
 // Every rank must hold the same model: names, shapes and dtypes are compared with rank 0's,
@@ -137,7 +135,7 @@ Tensor DistributedDataParallel::slot(const Param& p) const {
 }
 
 void DistributedDataParallel::zero_grad() {
-  wait_for_reductions();  // a backward that threw may have left reductions writing into the buckets
+  wait_for_works();  // a backward that threw may have left reductions writing into the buckets
   NoGradGuard no_grad;
   for (Bucket& b : buckets_) b.flat.zero_();
   for (Param& p : params_) {
@@ -196,7 +194,7 @@ void DistributedDataParallel::synchronize() {
     for (size_t i = 0; i < unused.size() && i < 10; ++i) names += (i ? ", " : "") + unused[i];
     if (unused.size() > 10) names += ", ... (" + std::to_string(unused.size()) + " in all)";
     if (!options_.find_unused_parameters()) {
-      wait_for_reductions();  // the buckets already launched must land before anything reuses them
+      wait_for_works();  // the buckets already launched must land before anything reuses them
       reset_iteration();
       throw Error(detail::str_cat("DistributedDataParallel: ", group_.describe(), ": these parameters got no ",
                                   "gradient in this backward: ", names,
@@ -223,6 +221,13 @@ void DistributedDataParallel::synchronize() {
   reset_iteration();
 }
 
+void DistributedDataParallel::wait_for_works() {
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->wait();
+    b.work.reset();
+  }
+}
+
 void DistributedDataParallel::wait_for_reductions() {
   const bool on_cuda = !buckets_.empty() && buckets_.front().flat.is_cuda();
   const auto host_start = std::chrono::steady_clock::now();
@@ -234,10 +239,7 @@ void DistributedDataParallel::wait_for_reductions() {
     }
     wait_begin_->record(cuda::current_stream(device));
   }
-  for (Bucket& b : buckets_) {
-    if (b.work) b.work->wait();
-    b.work.reset();
-  }
+  wait_for_works();
   if (on_cuda) wait_end_->record(cuda::current_stream(buckets_.front().flat.device().index));
   host_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count();
 }

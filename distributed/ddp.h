@@ -111,7 +111,10 @@ class DistributedDataParallel {
   Tensor slot(const Param& p) const;
   void on_ready(size_t index);
   void reduce_ready_buckets();
-  void wait_for_reductions();  // the compute stream (or the host, on the CPU) waits for every bucket
+  // The compute stream (or the host, on the CPU) waits for every bucket in flight;
+  // wait_for_reductions also times that wait, for last_exposed_comm_ms (synchronize only).
+  void wait_for_works();
+  void wait_for_reductions();
   void reset_iteration();
 
   ProcessGroup& group_;
