@@ -23,12 +23,15 @@ TEST(OpProfiler, ChargesEachOpOnceAStepAndTheRestToAfterBackward) {
   Generator gen(3);
   Tensor w = randn({64, 64}, DType::f64, &gen).requires_grad_();
   const Tensor x = randn({32, 64}, DType::f64, &gen);
+  const auto wall_start = std::chrono::steady_clock::now();
   OpProfiler profiler(Device("cpu"));
   for (int step = 0; step < 3; ++step) {
     sum(tanh(linear(x, w))).backward();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // "the optimizer"
     profiler.step();
   }
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start).count();
   EXPECT_EQ(profiler.steps(), 3);
   const std::vector<OpProfiler::Row> rows = profiler.rows();
   for (const std::string label : {"forward Linear", "forward tanh", "forward Sum", "backward LinearBackward",
@@ -37,9 +40,11 @@ TEST(OpProfiler, ChargesEachOpOnceAStepAndTheRestToAfterBackward) {
     ASSERT_NE(r, nullptr) << "no interval " << label << " in\n" << profiler.report();
     EXPECT_EQ(r->calls, 3) << label;
   }
-  // The sleep is the largest interval; the sum of intervals is the wall time of the steps.
-  EXPECT_EQ(rows.front().label, "after backward") << profiler.report();
-  EXPECT_GE(find_row(rows, "after backward")->total_ms, 15.0);
+  // The sleeps land in "after backward"; the intervals tile the steps, so they
+  // add up to no more than the wall time around them. (Which interval is the
+  // largest is not checked: on a loaded machine any op can be preempted.)
+  EXPECT_GE(find_row(rows, "after backward")->total_ms, 15.0) << profiler.report();
+  EXPECT_LE(profiler.total_ms(), wall_ms) << profiler.report();
   const std::string report = profiler.report();
   EXPECT_NE(report.find("over 3 steps"), std::string::npos) << report;
   EXPECT_NE(report.find("forward Linear"), std::string::npos) << report;
