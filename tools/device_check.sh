@@ -3,7 +3,9 @@
 #   tools/device_check.sh [--skip-tests] [--sanitize] [--bench] [--parity] [--demo]
 #     --skip-tests  build only, no ctest (for a run that measures)
 # (the sanitizer ignores API error codes: the out-of-memory test provokes them on purpose)
-#     --sanitize  also run every *_tests executable under compute-sanitizer memcheck
+#     --sanitize[=TOOLS]  also run every *_tests executable under compute-sanitizer; TOOLS is
+#                 memcheck, racecheck or memcheck,racecheck (the default). MT_SANITIZE_FILTER, if set,
+#                 is passed as --gtest_filter (the CPU-only cases cost nothing: no kernels to check).
 #     --bench     also run tools/bench/run_all.sh
 #     --parity    also run the PyTorch parity scripts in tools/parity/
 #     --demo      also run the main job, tools/demo.sh, on the GPU
@@ -15,11 +17,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
 
-sanitize=0 bench=0 parity=0 demo=0 skip_tests=0
+sanitize=0 sanitize_tools="memcheck,racecheck" bench=0 parity=0 demo=0 skip_tests=0
 for arg in "$@"; do
   case "$arg" in
     --skip-tests) skip_tests=1 ;;
     --sanitize) sanitize=1 ;;
+    --sanitize=*) sanitize=1 sanitize_tools="${arg#--sanitize=}" ;;
     --bench) bench=1 ;;
     --parity) parity=1 ;;
     --demo) demo=1 ;;
@@ -84,16 +87,32 @@ if ((sanitize)); then
   elif ((${#exes[@]} == 0)); then
     echo "sanitize: no *_tests executables under $build/tests"
   fi
-  for exe in "${exes[@]}"; do
-    command -v compute-sanitizer >/dev/null || break
-    name=$(basename "$exe")
-    if compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$exe" </dev/null >"$out/sanitize-$name.log" 2>&1; then
-      echo "sanitize: $name clean"
-    else
-      echo "sanitize: $name FAILED (log: $out/sanitize-$name.log)"
-      grep -m 5 '^========= [A-Z]' "$out/sanitize-$name.log" || true
-      sanitize_rc=1
-    fi
+  filter=()
+  [[ -n "${MT_SANITIZE_FILTER:-}" ]] && filter=("--gtest_filter=$MT_SANITIZE_FILTER")
+  IFS=',' read -ra tools <<<"$sanitize_tools"
+  for tool in "${tools[@]}"; do
+    case "$tool" in
+      memcheck) tool_args=(--tool memcheck) ;;
+      racecheck) tool_args=(--tool racecheck --racecheck-report all) ;;
+      *) echo "sanitize: unknown tool '$tool' (memcheck or racecheck)"; sanitize_rc=1; continue ;;
+    esac
+    for exe in "${exes[@]}"; do
+      command -v compute-sanitizer >/dev/null || break
+      name=$(basename "$exe")
+      log="$out/sanitize-$tool-$name.log"
+      tool_start=$SECONDS
+      if compute-sanitizer "${tool_args[@]}" --report-api-errors no --error-exitcode 1 "$exe" "${filter[@]}" \
+           </dev/null >"$log" 2>&1; then
+        verdict="clean"
+      else
+        verdict="FAILED (log: $log)"
+        sanitize_rc=1
+      fi
+      # The summary line: "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY: N hazards ...".
+      echo "sanitize $tool: $name $verdict in $((SECONDS - tool_start)) s;" \
+        "$(grep -m 1 -E '(ERROR|RACECHECK) SUMMARY' "$log" | sed 's/^========= //')"
+      [[ "$verdict" == clean ]] || grep -m 5 -E '^========= [A-Z]|FAILED' "$log" || true
+    done
   done
 fi
 
