@@ -1,7 +1,8 @@
 // NCCL for CUDA tensors: one communicator per process on the GPU its local rank picks,
 // collectives on a dedicated communication stream ordered after the caller's stream by an
 // event; the caller's stream waits for the result when the Work is waited on (never the
-// host), and a watchdog thread polls NCCL's asynchronous errors and the timeout.
+// host). A poller thread retires finished collectives and polls NCCL's asynchronous
+// errors; a monitor thread, which makes no CUDA call, enforces the timeout.
 #include "distributed/process_group.h"
 
 #include "core/error.h"
@@ -63,14 +64,13 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 // A collective launched on the communication stream: its completion event, what it is,
-// and when it was launched (for the watchdog).
+// and when it was launched (for the monitor).
 struct InFlight {
   std::shared_ptr<cuda::Event> done;
   std::string what;
   std::chrono::steady_clock::time_point launched;
 };
 
-// The caller's stream waits for the collective's event; the host never does.
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<cuda::Event> done, int device) : done_(std::move(done)), device_(device) {}
@@ -99,7 +99,8 @@ class NcclCommunicator : public Communicator {
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
     MT_NCCL_CHECK(ncclCommInitRank(&comm_, group.world_size(), id, group.rank()));
     stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
-    watchdog_ = std::thread([this] { watch(); });
+    poller_ = std::thread([this] { poll(); });
+    monitor_ = std::thread([this] { monitor(); });
   }
   ~NcclCommunicator() override {
     {
@@ -107,7 +108,8 @@ class NcclCommunicator : public Communicator {
       stop_ = true;
     }
     wake_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
+    if (poller_.joinable()) poller_.join();
+    if (monitor_.joinable()) monitor_.join();
     if (comm_ != nullptr) ncclCommDestroy(comm_);  // no throw from a destructor
   }
 
@@ -130,33 +132,33 @@ class NcclCommunicator : public Communicator {
 
  private:
   // The collective waits for the caller's stream (an event), runs on the communication
-  // stream, and is handed to the watchdog; the returned Work makes a stream wait for it.
+  // stream, and is handed to the poller; the returned Work makes a stream wait for it. It is
+  // timed from before its first CUDA call: any of them (and NCCL's launch, which connects to
+  // the peers on first use and waits for them there) can block the host.
   template <typename Launch>
   std::unique_ptr<Work> run(const Tensor& t, const std::string& what, Launch&& launch) {
     MT_CHECK(t.is_cuda() && t.device().index == device_, what, ": ", describe_, " communicates on cuda:", device_,
              ", got a tensor on ", t.device().str());
     MT_CHECK(t.is_contiguous(), what, ": the tensor must be contiguous");
-    cuda::DeviceGuard on_device(device_);
-    const cuda::Stream compute = cuda::current_stream(device_);
-    cuda::Event ready(device_);
-    ready.record(compute);
-    ready.wait_on(stream_);
-    // The launch itself can block the host: NCCL connects to the peers a collective needs on
-    // its first use, and waits for them there. The watchdog times that wait too.
     {
       std::lock_guard<std::mutex> lock(mutex_);
       launching_ = what;
       launch_started_ = std::chrono::steady_clock::now();
     }
+    std::shared_ptr<cuda::Event> done;
     try {
+      cuda::DeviceGuard on_device(device_);
+      cuda::Event ready(device_);
+      ready.record(cuda::current_stream(device_));
+      ready.wait_on(stream_);
       launch(static_cast<cudaStream_t>(stream_.handle()));
+      done = std::make_shared<cuda::Event>(device_);
+      done->record(stream_);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
-      launching_.clear();  // nothing is in flight: the watchdog must not time it
+      launching_.clear();  // nothing is in flight: the monitor must not time it
       throw;
     }
-    auto done = std::make_shared<cuda::Event>(device_);
-    done->record(stream_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       launching_.clear();
@@ -165,53 +167,75 @@ class NcclCommunicator : public Communicator {
     return std::make_unique<NcclWork>(done, device_);
   }
 
-  // The watchdog: every 50 ms, retire finished collectives, poll NCCL's asynchronous error,
-  // and give up on the oldest collective once it has run longer than the group's timeout.
+  // Two threads watch the collectives, because a CUDA call can block behind a kernel that
+  // never ends (an NCCL kernel waiting for a dead peer): with lazy module loading a kernel's
+  // first launch synchronises the context, and a copy to the host waits for the device.
+  //  - The poller makes the CUDA and NCCL calls: it retires finished collectives and polls
+  //    NCCL's asynchronous error. If one of its calls blocks, only the poller stops.
+  //  - The monitor makes none: it reads the launch times under the mutex (which nobody holds
+  //    across a CUDA call) and gives up once the oldest collective, or a launch, has taken
+  //    longer than the group's timeout.
   // Either failure aborts the communicator (freeing the GPU from the stuck kernel) and ends
-  // the process: the host may be blocked in a CUDA call behind that kernel.
-  void watch() {
+  // the process: the main thread may be blocked in a CUDA call behind that kernel.
+  void poll() {
     // This thread's CUDA calls must go to this rank's GPU: on device 0 they would create a
     // context there, costing every rank's memory on GPU 0.
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       wake_.wait_for(lock, std::chrono::milliseconds(50));
-      // Raw queries: this thread must not throw, and at exit the runtime may already be unloading.
-      while (!in_flight_.empty()) {
-        const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(in_flight_.front().done->handle()));
-        if (state == cudaErrorNotReady) break;
-        if (state == cudaErrorCudartUnloading) return;
-        if (state != cudaSuccess) {
-          fail(in_flight_.front().what, detail::str_cat("failed: CUDA reports ", cudaGetErrorString(state)));
+      while (!stop_ && !in_flight_.empty()) {
+        std::shared_ptr<cuda::Event> oldest = in_flight_.front().done;
+        const std::string what = in_flight_.front().what;
+        lock.unlock();
+        // Raw queries: this thread must not throw, and at exit the runtime may already be unloading.
+        const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(oldest->handle()));
+        lock.lock();
+        if (state == cudaErrorNotReady) break;  // in_flight_ still holds the event: nothing is destroyed
+        if (state == cudaErrorCudartUnloading) {  // the process is ending: nothing left to time
+          stop_ = true;
+          wake_.notify_all();
+          return;
         }
-        in_flight_.pop_front();
+        if (state != cudaSuccess) fail(what, detail::str_cat("failed: CUDA reports ", cudaGetErrorString(state)));
+        in_flight_.pop_front();  // only this thread removes entries
+        lock.unlock();
+        oldest.reset();  // the event may be destroyed here: never under the lock the monitor needs
+        lock.lock();
       }
+      lock.unlock();
       ncclResult_t async_error = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error != ncclSuccess &&
-          async_error != ncclInProgress) {
+      const bool polled = ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess;
+      lock.lock();
+      if (polled && async_error != ncclSuccess && async_error != ncclInProgress) {
         fail(in_flight_.empty() ? std::string("(none in flight)") : in_flight_.front().what,
              detail::str_cat("failed: NCCL reports ", ncclGetErrorString(async_error), " (", ncclGetLastError(comm_),
                              ")"));
       }
-      if (!launching_.empty() &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_started_).count() >
-              group_.timeout_seconds()) {
-        fail(launching_, detail::str_cat("could not start within ", group_.timeout_seconds(),
+    }
+  }
+
+  void monitor() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(50));
+      const auto now = std::chrono::steady_clock::now();
+      const double timeout = group_.timeout_seconds();
+      if (!launching_.empty() && std::chrono::duration<double>(now - launch_started_).count() > timeout) {
+        fail(launching_, detail::str_cat("could not start within ", timeout,
                                          " s (MT_COLLECTIVE_TIMEOUT_S): a peer died or stopped"));
       }
-      if (!in_flight_.empty()) {
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - in_flight_.front().launched).count();
-        if (seconds > group_.timeout_seconds()) {
-          fail(in_flight_.front().what, detail::str_cat("did not finish within ", group_.timeout_seconds(),
-                                                        " s (MT_COLLECTIVE_TIMEOUT_S): a peer died or stopped"));
-        }
+      if (!in_flight_.empty() && std::chrono::duration<double>(now - in_flight_.front().launched).count() > timeout) {
+        fail(in_flight_.front().what, detail::str_cat("did not finish within ", timeout,
+                                                      " s (MT_COLLECTIVE_TIMEOUT_S): a peer died or stopped"));
       }
     }
   }
 
   // Says what failed first, then aborts the communicator (which frees the GPU from the stuck
-  // kernel) but gives that no more than two seconds: the process ends either way.
+  // kernel) but gives that no more than two seconds: the process ends either way. Called
+  // with the mutex held, which it keeps: the main thread stays out of NCCL meanwhile, and a
+  // second failure (the other thread) waits here until the process ends.
   [[noreturn]] void fail(const std::string& what, const std::string& why) {
     std::fprintf(stderr, "mixtrain: %s: NCCL %s %s; aborting the communicator\n", describe_.c_str(), what.c_str(),
                  why.c_str());
@@ -232,7 +256,8 @@ class NcclCommunicator : public Communicator {
   std::string launching_;  // a collective whose launch has not returned yet, or empty
   std::chrono::steady_clock::time_point launch_started_;
   bool stop_ = false;
-  std::thread watchdog_;
+  std::thread poller_;   // CUDA and NCCL queries
+  std::thread monitor_;  // the timeouts, with no CUDA call that could block it
 };
 
 }  // namespace

@@ -83,7 +83,7 @@ class ProcessGroup {
   Communicator& communicator_for(const Tensor& t);
 
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_world_ = 1;
-  std::atomic<double> timeout_s_{600};  // read by the NCCL watchdog thread
+  std::atomic<double> timeout_s_{600};  // read by the NCCL monitor thread
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> mpi_;
   std::unique_ptr<Communicator> nccl_;  // created on the first CUDA collective
