@@ -1,6 +1,15 @@
-// One block per output element: threads stride over the reduced elements, then
-// combine through shared memory. Enough for correctness at every shape; the
-// performance work replaces the hot reductions with fused kernels.
+// Two layouts, two kernels, both deterministic (a fixed combine order, no atomics):
+//  - columns: the kept elements are contiguous and the reduced ones one stride
+//    apart (a sum over the leading dims: bias gradients, sum_to of a broadcast).
+//    Threads of a warp take adjacent columns so every read is coalesced; row
+//    groups go to separate blocks, writing [groups, cols] partials in acc_t that
+//    a second launch of the same kernel sums. One block per output column would
+//    read with a stride of a whole row: a bias gradient of [16384, 3072] bf16
+//    took 16x the bytes it needs.
+//  - anything else: one block per output element; threads stride over the
+//    reduced elements and combine through shared memory.
+#include <algorithm>
+
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
@@ -14,6 +23,34 @@ namespace mt::ops {
 namespace {
 
 constexpr int kReduceThreads = 256;
+constexpr int kColTile = 32;         // columns per block of the column kernel (threadIdx.x)
+constexpr int kRowThreads = 8;       // rows in flight per block (threadIdx.y)
+constexpr int64_t kMinRowsPerGroup = 64;
+constexpr int64_t kTargetBlocks = 1024;  // enough to fill an H100/H200 several times over
+
+// out[c] = reduce over r < rows of in[r * row_stride + c], c < cols, over the rows
+// [blockIdx.y * rows_per_group, +rows_per_group) of one row group: `out` is
+// [gridDim.y, cols] (partials, or the result when there is one group).
+template <typename In, typename Out, typename A>
+__global__ void reduce_columns_kernel(Out* out, const In* in, int64_t cols, int64_t rows, int64_t row_stride,
+                                      int64_t rows_per_group, ReduceKind kind) {
+  __shared__ A tile[kRowThreads][kColTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_group;
+  const int64_t last = first + rows_per_group < rows ? first + rows_per_group : rows;
+  A acc = reduce_identity<A>(kind);
+  if (c < cols) {
+    for (int64_t r = first + threadIdx.y; r < last; r += kRowThreads) {
+      acc = reduce_combine(kind, acc, convert<A>(in[r * row_stride + c]));
+    }
+  }
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int i = 1; i < kRowThreads; ++i) acc = reduce_combine(kind, acc, tile[i][threadIdx.x]);
+    out[static_cast<int64_t>(blockIdx.y) * cols + c] = convert<Out>(acc);
+  }
+}
 
 template <typename T>
 __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedIndexer ii, int64_t outer, int64_t inner,
@@ -37,11 +74,65 @@ __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedInd
   }
 }
 
+// When `in` (kept dims first, then reduced ones) has its kept elements at unit
+// stride and its reduced elements one stride apart, that stride (0 for an
+// expanded input read again and again); else -1.
+int64_t column_row_stride(const Tensor& in, int64_t outer, int64_t inner) {
+  if (outer < 2 || inner < 2) return -1;
+  // The kept dims are the leading ones whose sizes multiply to `outer` (size-1
+  // dims may fall on either side: they carry no stride).
+  size_t split = 0;
+  for (int64_t product = 1; split < in.shape().size() && product < outer; ++split) product *= in.shape()[split];
+  const Shape& shape = in.shape();
+  const Shape& strides = in.strides();
+  const StridedIndexer kept(Shape(shape.begin(), shape.begin() + split), Shape(strides.begin(), strides.begin() + split));
+  const StridedIndexer reduced(Shape(shape.begin() + split, shape.end()), Shape(strides.begin() + split, strides.end()));
+  if (kept.ndim != 1 || kept.strides[0] != 1 || kept.sizes[0] != outer) return -1;
+  if (reduced.ndim != 1 || reduced.sizes[0] != inner || reduced.strides[0] < 0) return -1;
+  return reduced.strides[0];
+}
+
+template <typename T>
+void reduce_columns(const Tensor& out, const Tensor& in, int64_t cols, int64_t rows, int64_t row_stride,
+                    ReduceKind kind, const cuda::Stream& stream) {
+  using A = acc_t<T>;
+  const int64_t col_blocks = (cols + kColTile - 1) / kColTile;
+  const int64_t wanted = std::max<int64_t>(1, kTargetBlocks / col_blocks);
+  const int64_t groups = std::clamp<int64_t>(std::min(wanted, rows / kMinRowsPerGroup), 1, 65535);
+  const int64_t rows_per_group = (rows + groups - 1) / groups;
+  const dim3 block(kColTile, kRowThreads);
+  const T* src = static_cast<const T*>(in.data_ptr());
+  T* dst = static_cast<T*>(out.data_ptr());
+  if (groups == 1) {
+    reduce_columns_kernel<T, T, A><<<dim3(static_cast<unsigned>(col_blocks), 1), block, 0, stream.handle()>>>(
+        dst, src, cols, rows, row_stride, rows, kind);
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const Tensor partial = empty({groups, cols}, TensorOptions().dtype(dtype_of<A>()).device(out.device()));
+  A* part = static_cast<A*>(partial.data_ptr());
+  reduce_columns_kernel<T, A, A>
+      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(groups)), block, 0, stream.handle()>>>(
+          part, src, cols, rows, row_stride, rows_per_group, kind);
+  MT_CUDA_CHECK_LAUNCH();
+  reduce_columns_kernel<A, T, A><<<dim3(static_cast<unsigned>(col_blocks), 1), block, 0, stream.handle()>>>(
+      dst, part, cols, groups, cols, groups, kind);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void reduce_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t inner, ReduceKind kind) {
   if (outer == 0) return;
   const cuda::Stream stream = cuda::current_stream(out.device().index);
+  const int64_t row_stride = column_row_stride(in, outer, inner);
+  if (row_stride >= 0 && out.is_contiguous()) {
+    dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      reduce_columns<T>(out, in, outer, inner, row_stride, kind, stream);
+    });
+    return;
+  }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(outer, 65535));
   dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -52,6 +52,22 @@ MT_OP_CASE(OpCase("sum", "sum_all").inputs({{3, 4}}).compute([](const In& x) { r
 MT_OP_CASE(OpCase("sum", "sum_dims_keepdim").inputs({{2, 3, 4}}).compute([](const In& x) {
   return sum(x[0], {0, 2}, true);
 }));
+// Sums over leading dims take the CUDA column kernel: 200 rows make 3 row groups
+// (partials, then a second pass), 40 columns a partial tile; [2, 40, 33] over
+// {0, 1} merges the reduced dims into one stride; an expanded input re-reads rows.
+MT_OP_CASE(OpCase("sum", "sum_leading_dim_row_groups").inputs({{200, 40}}).compute([](const In& x) {
+  return sum(x[0], {0});
+}));
+MT_OP_CASE(OpCase("sum", "sum_two_leading_dims").inputs({{2, 40, 33}}).compute([](const In& x) {
+  return sum(x[0], {0, 1});
+}));
+MT_OP_CASE(OpCase("sum", "sum_expanded_leading_dim").inputs({{3, 5}}).compute([](const In& x) {
+  return sum(x[0].expand({130, 3, 5}), {0});
+}));
+MT_OP_CASE(OpCase("max", "max_leading_dim_row_groups")
+               .inputs({{150, 7}})
+               .draw(Values::away_from_zero)
+               .compute([](const In& x) { return max(x[0], 0); }));
 MT_OP_CASE(OpCase("mean", "mean_dim").inputs({{3, 5}}).compute([](const In& x) { return mean(x[0], {-1}); }));
 MT_OP_CASE(OpCase("max", "max_dim").inputs({{3, 5}}).draw(Values::away_from_zero).compute([](const In& x) {
   return max(x[0], 1);
