@@ -191,7 +191,7 @@ class NcclCommunicator : public Communicator {
         // Raw queries: this thread must not throw, and at exit the runtime may already be unloading.
         const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(oldest->handle()));
         lock.lock();
-        if (state == cudaErrorNotReady) break;  // in_flight_ still holds the event: nothing is destroyed
+        if (state == cudaErrorNotReady) break;    // in_flight_ still holds the event: nothing is destroyed
         if (state == cudaErrorCudartUnloading) {  // the process is ending: nothing left to time
           stop_ = true;
           wake_.notify_all();

@@ -23,8 +23,8 @@ namespace mt::ops {
 namespace {
 
 constexpr int kReduceThreads = 256;
-constexpr int kColTile = 32;         // columns per block of the column kernel (threadIdx.x)
-constexpr int kRowThreads = 8;       // rows in flight per block (threadIdx.y)
+constexpr int kColTile = 32;    // columns per block of the column kernel (threadIdx.x)
+constexpr int kRowThreads = 8;  // rows in flight per block (threadIdx.y)
 constexpr int64_t kMinRowsPerGroup = 64;
 constexpr int64_t kTargetBlocks = 1024;  // enough to fill an H100/H200 several times over
 
@@ -85,8 +85,10 @@ int64_t column_row_stride(const Tensor& in, int64_t outer, int64_t inner) {
   for (int64_t product = 1; split < in.shape().size() && product < outer; ++split) product *= in.shape()[split];
   const Shape& shape = in.shape();
   const Shape& strides = in.strides();
-  const StridedIndexer kept(Shape(shape.begin(), shape.begin() + split), Shape(strides.begin(), strides.begin() + split));
-  const StridedIndexer reduced(Shape(shape.begin() + split, shape.end()), Shape(strides.begin() + split, strides.end()));
+  const StridedIndexer kept(Shape(shape.begin(), shape.begin() + split),
+                            Shape(strides.begin(), strides.begin() + split));
+  const StridedIndexer reduced(Shape(shape.begin() + split, shape.end()),
+                               Shape(strides.begin() + split, strides.end()));
   if (kept.ndim != 1 || kept.strides[0] != 1 || kept.sizes[0] != outer) return -1;
   if (reduced.ndim != 1 || reduced.sizes[0] != inner || reduced.strides[0] < 0) return -1;
   return reduced.strides[0];

@@ -19,6 +19,21 @@ python3 tools/bench/gpt_step_torch.py --full
 echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + AdamW (launch-bound) =="
 "$build/tools/mlp_step" --device cuda --profile "$profile"
 python3 tools/bench/mlp_step_torch.py
+echo "== Op micro-benchmarks, GPT-2 124M shapes, bf16: ours against the floors, then PyTorch's =="
+ops_dir="$(mktemp -d)"
+trap 'rm -rf "$ops_dir"' EXIT
+"$build/tools/op_bench" --device cuda | tee "$ops_dir/ours.txt"
+python3 tools/bench/op_bench_torch.py | tee "$ops_dir/torch.txt"
+echo "-- ours / PyTorch, median ms per op (ratio < 1: we are faster) --"
+awk '$1 == "op_bench:" && NF == 3 { ours[$2] = $3; order[++n] = $2 }
+     $1 == "op_bench_torch:" && NF == 3 { torch[$2] = $3 }
+     END {
+       printf "%-14s %10s %10s %8s\n", "op", "ours", "torch", "ratio"
+       for (i = 1; i <= n; ++i) {
+         op = order[i]
+         if (op in torch) printf "%-14s %10.3f %10.3f %8.2f\n", op, ours[op], torch[op], ours[op] / torch[op]
+       }
+     }' "$ops_dir/ours.txt" "$ops_dir/torch.txt"
 if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') >= 2)); then
   echo "== GPT-2 124M shape, full training, data parallel over 2 GPUs (B=16 per GPU) =="
   mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \

@@ -1,0 +1,409 @@
+// Op micro-benchmarks: one op (or one fused pair) at a time, at GPT-2 124M's shapes, each timed
+// against its floor.
+//
+//   op_bench --device cuda --dtype bf16 [--ops gemm,gemm_bias,layer_norm,attention,cross_entropy,adamw]
+//
+//   gemm           y = x W^T               x [rows, width], W [4 width, width] (the MLP's c_fc), forward
+//   gemm_bias      y = x W^T + b           the same, with the bias in cuBLASLt's epilogue, forward
+//   layer_norm     layer_norm(x, w, b)     x [rows, width], forward + backward of a random dy
+//   attention      causal SDPA             q, k, v [batch, heads, seq, width / heads], forward +
+//                                          backward of a random dO
+//   cross_entropy  the LM head and its loss: linear_cross_entropy(x, W, target), x [rows, width],
+//                  W [vocab, width], forward + backward (the fused op; PyTorch's twin forms the logits)
+//   adamw          one AdamW step over GPT-2's parameter set (--layers blocks; --adamw-dtype, f32 by
+//                  default as mixed-precision training keeps its parameters)
+//
+// Floors. First the device's GEMM rate (a --rate-size cube matmul in --dtype) and its copy bandwidth
+// (a --copy-mib device-to-device copy, read + write bytes) are measured; then each op's floor is
+// max(FLOPs / GEMM rate, bytes / copy bandwidth), with the op's matrix-product FLOPs and the least
+// bytes any implementation must move (formulas at each op). Element-wise arithmetic runs on CUDA
+// cores, not tensor cores, so it is not counted against the GEMM rate: those ops are bound by bytes.
+//
+// Timing: --warmup untimed iterations, then --iters iterations each timed on its own, the median
+// printed. On CUDA a pair of events on the current stream brackets each iteration, so the time
+// runs from the end of the previous iteration's work to the end of this one's (host launch gaps
+// included, as a training loop sees them); on the CPU, steady_clock. tools/bench/op_bench_torch.py
+// is the PyTorch twin and prints the same `op_bench_torch: <op> <median_ms>` lines.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cuda_context.h"
+#include "examples/gpt/trainer.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+
+namespace {
+
+const std::vector<std::string> kOps = {"gemm", "gemm_bias", "layer_norm", "attention", "cross_entropy", "adamw"};
+
+struct Shapes {
+  int64_t rows = 16384;  // B * T of the token-wise ops
+  int64_t width = 768;
+  int64_t batch = 16, seq = 1024, heads = 12;  // attention; seq is also wpe's length in adamw
+  int64_t vocab = 50304;
+  int64_t layers = 12;  // adamw's parameter set
+};
+
+struct Timing {
+  mt::Device device;
+  int64_t warmup = 5, iters = 50;
+};
+
+// One op's result: the median and what bounds it.
+struct Measurement {
+  std::string op, shape;
+  double ms = 0;
+  double flops = 0;  // matrix-product FLOPs (0: none worth counting)
+  double bytes = 0;  // the least the op must read and write
+};
+
+struct Rates {
+  double flops_per_ms = 0;  // the measured GEMM rate
+  double bytes_per_ms = 0;  // the measured copy bandwidth, read + write
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs `body` timing.warmup times untimed, then timing.iters times, each timed; returns the median in ms.
+double time_median_ms(const Timing& timing, const std::function<void()>& body) {
+  for (int64_t i = 0; i < timing.warmup; ++i) body();
+  std::vector<double> ms;
+  if (timing.device.is_cuda()) {
+    const int index = timing.device.index;
+    mt::cuda::synchronize_device(index);
+    std::vector<mt::cuda::Event> starts, ends;
+    for (int64_t i = 0; i < timing.iters; ++i) {
+      starts.emplace_back(index, mt::cuda::Event::Timing::enabled);
+      ends.emplace_back(index, mt::cuda::Event::Timing::enabled);
+    }
+    for (int64_t i = 0; i < timing.iters; ++i) {
+      starts[i].record(mt::cuda::current_stream(index));
+      body();
+      ends[i].record(mt::cuda::current_stream(index));
+    }
+    mt::cuda::synchronize_device(index);
+    for (int64_t i = 0; i < timing.iters; ++i) ms.push_back(starts[i].elapsed_ms(ends[i]));
+  } else {
+    for (int64_t i = 0; i < timing.iters; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      body();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  return median(ms);
+}
+
+mt::TensorOptions on(const mt::Device& device, mt::DType dtype, bool requires_grad = false) {
+  return mt::TensorOptions().device(device).dtype(dtype).requires_grad(requires_grad);
+}
+
+// Drops the leaves' gradients (set to none), so each backward writes fresh ones as the first does.
+void clear_grads(std::vector<mt::Tensor> leaves) {
+  for (mt::Tensor& t : leaves) t.set_grad(mt::Tensor());
+}
+
+// ---- the probes that set the floors ----
+
+// A size^3 matmul in dtype: 2 size^3 FLOPs.
+double measure_gemm_rate(const Timing& timing, mt::DType dtype, int64_t size, double* ms_out) {
+  mt::Generator generator(1);
+  const mt::Tensor a = mt::randn({size, size}, on(timing.device, dtype), &generator);
+  const mt::Tensor b = mt::randn({size, size}, on(timing.device, dtype), &generator);
+  const double ms = time_median_ms(timing, [&] { mt::matmul(a, b); });
+  *ms_out = ms;
+  return 2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) / ms;
+}
+
+// A device-to-device copy of mib MiB: it reads and writes every byte.
+double measure_copy_bandwidth(const Timing& timing, int64_t mib, double* ms_out) {
+  const int64_t n = mib << 20;
+  const mt::Tensor src = mt::zeros({n}, on(timing.device, mt::DType::u8));
+  const mt::Tensor dst = mt::empty({n}, on(timing.device, mt::DType::u8));
+  const double ms = time_median_ms(timing, [&] { dst.copy_(src); });
+  *ms_out = ms;
+  return 2.0 * static_cast<double>(n) / ms;
+}
+
+// ---- the ops ----
+
+Measurement bench_gemm(const Timing& timing, mt::DType dtype, const Shapes& s, bool with_bias) {
+  mt::Generator generator(2);
+  const int64_t out = 4 * s.width;
+  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator);                 // [R, C]
+  const mt::Tensor w = mt::randn({out, s.width}, on(timing.device, dtype), &generator);                    // [N, C]
+  const mt::Tensor b = with_bias ? mt::randn({out}, on(timing.device, dtype), &generator) : mt::Tensor();  // [N]
+  Measurement m;
+  m.op = with_bias ? "gemm_bias" : "gemm";
+  m.shape = mt::shape_str(x.shape()) + " x " + mt::shape_str(w.shape()) + "^T" + (with_bias ? " + b" : "");
+  m.ms = time_median_ms(timing, [&] { mt::linear(x, w, b); });
+  // FLOPs = 2 R C N; bytes: read x [R, C] and W [N, C], write y [R, N] (and read the bias [N]).
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width), N = static_cast<double>(out);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.flops = 2 * R * C * N;
+  m.bytes = es * (R * C + N * C + R * N + (with_bias ? N : 0));
+  return m;
+}
+
+Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(3);
+  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator);  // [R, C]
+  const mt::Tensor w = mt::randn({s.width}, on(timing.device, dtype, true), &generator);          // [C]
+  const mt::Tensor b = mt::randn({s.width}, on(timing.device, dtype, true), &generator);          // [C]
+  const mt::Tensor dy = mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator);       // [R, C]
+  Measurement m;
+  m.op = "layer_norm";
+  m.shape = mt::shape_str(x.shape()) + " fwd+bwd";
+  m.ms = time_median_ms(timing, [&] {
+    clear_grads({x, w, b});
+    mt::layer_norm(x, w, b).backward(dy);
+  });
+  // Bytes: forward reads x, w, b and writes y and the f32 row statistics (mean, rstd); backward
+  // reads dy, x, w and the statistics and writes dx, dw, db. Rows: x twice, y, dy, dx = 5 R C;
+  // parameters: w twice, b, dw, db = 5 C; statistics: 2 R f32 written and read.
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.bytes = es * (5 * R * C + 5 * C) + 2 * 2 * R * 4;
+  return m;
+}
+
+Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(4);
+  const int64_t d = s.width / s.heads;
+  const mt::Shape shape = {s.batch, s.heads, s.seq, d};  // [B, H, T, D]
+  const mt::Tensor q = mt::randn(shape, on(timing.device, dtype, true), &generator);
+  const mt::Tensor k = mt::randn(shape, on(timing.device, dtype, true), &generator);
+  const mt::Tensor v = mt::randn(shape, on(timing.device, dtype, true), &generator);
+  const mt::Tensor dout = mt::randn(shape, on(timing.device, dtype), &generator);
+  Measurement m;
+  m.op = "attention";
+  m.shape = mt::shape_str(shape) + " causal fwd+bwd";
+  m.ms = time_median_ms(timing, [&] {
+    clear_grads({q, k, v});
+    mt::scaled_dot_product_attention(q, k, v, /*causal=*/true).backward(dout);
+  });
+  // FLOPs: forward is Q K^T and P V, 2 * 2 B H T^2 D, half of it under the causal mask; backward
+  // is 2.5x forward (S = Q K^T recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), so
+  // 3.5 * 0.5 * 4 B H T^2 D in all. Bytes: forward reads q, k, v and writes o and the f32
+  // logsumexp [B, H, T]; backward reads q, k, v, o, dO and the logsumexp, writes dq, dk, dv:
+  // 12 B H T D elements and 2 B H T f32.
+  const double B = static_cast<double>(s.batch), H = static_cast<double>(s.heads);
+  const double T = static_cast<double>(s.seq), D = static_cast<double>(d);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.flops = 3.5 * 0.5 * 4 * B * H * T * T * D;
+  m.bytes = es * 12 * B * H * T * D + 2 * B * H * T * 4;
+  return m;
+}
+
+Measurement bench_cross_entropy(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(5);
+  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator);  // [N, C]
+  const mt::Tensor w =
+      mt::mul(mt::randn({s.vocab, s.width}, on(timing.device, dtype), &generator), 0.02).requires_grad_();  // [V, C]
+  const mt::Tensor target = mt::uniform({s.rows}, 0, static_cast<double>(s.vocab), {}, &generator)
+                                .to(mt::DType::i64)
+                                .to(timing.device);  // [N]
+  Measurement m;
+  m.op = "cross_entropy";
+  m.shape = mt::shape_str(x.shape()) + " x " + mt::shape_str(w.shape()) + "^T fwd+bwd";
+  m.ms = time_median_ms(timing, [&] {
+    clear_grads({x, w});
+    mt::linear_cross_entropy(x, w, target).backward();
+  });
+  // FLOPs: the logits x W^T, then dx = dlogits W and dW = dlogits^T x: 3 * 2 N V C. Bytes: read x,
+  // W and the i64 targets, write dx and dW; the [N, V] logits need never reach memory.
+  const double N = static_cast<double>(s.rows), V = static_cast<double>(s.vocab), C = static_cast<double>(s.width);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.flops = 6 * N * V * C;
+  m.bytes = es * (2 * N * C + 2 * V * C) + 8 * N;
+  return m;
+}
+
+// GPT-2's parameters (ops/nn/gpt.h, the LM head tied to wte): wte [V, C], wpe [T, C]; per block
+// ln_1 and ln_2 (w, b [C]), c_attn [3C, C] + [3C], attn c_proj [C, C] + [C], c_fc [4C, C] + [4C],
+// mlp c_proj [C, 4C] + [C]; then ln_f. op_bench_torch.py builds the same list.
+std::vector<mt::Shape> gpt2_parameter_shapes(const Shapes& s) {
+  const int64_t C = s.width;
+  std::vector<mt::Shape> shapes = {{s.vocab, C}, {s.seq, C}};
+  for (int64_t layer = 0; layer < s.layers; ++layer) {
+    const std::vector<mt::Shape> block = {{C}, {C}, {3 * C, C}, {3 * C}, {C, C},     {C},
+                                          {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+    shapes.insert(shapes.end(), block.begin(), block.end());
+  }
+  shapes.push_back({C});
+  shapes.push_back({C});
+  return shapes;
+}
+
+Measurement bench_adamw(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(6);
+  std::vector<mt::Tensor> params;
+  double n = 0;
+  for (const mt::Shape& shape : gpt2_parameter_shapes(s)) {
+    mt::Tensor p = mt::mul(mt::randn(shape, on(timing.device, dtype), &generator), 0.02).requires_grad_();
+    p.set_grad(mt::mul(mt::randn(shape, on(timing.device, dtype), &generator), 1e-3));
+    params.push_back(p);
+    n += static_cast<double>(p.numel());
+  }
+  mt::AdamW opt(params, mt::AdamWOptions(1e-4).weight_decay(0.1));
+  Measurement m;
+  m.op = "adamw";
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "%.1fM params, %zu tensors, %s", n / 1e6, params.size(), mt::dtype_name(dtype));
+  m.shape = shape;
+  m.ms = time_median_ms(timing, [&] { opt.step(); });
+  // Bytes per parameter: read p, g, exp_avg, exp_avg_sq; write p, exp_avg, exp_avg_sq; the moments
+  // are f32 (28 bytes for f32 parameters). PyTorch keeps bf16/f16 parameters' moments in their dtype.
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.bytes = n * (3 * es + 4 * 4);
+  return m;
+}
+
+// "712.3 TFLOP/s", or GFLOP/s below one TFLOP/s (a CPU); the argument is FLOPs per ms.
+std::string flops_text(double flops_per_ms) {
+  char text[32];
+  if (flops_per_ms >= 1e9) {
+    std::snprintf(text, sizeof(text), "%.1f TFLOP/s", flops_per_ms / 1e9);
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f GFLOP/s", flops_per_ms / 1e6);
+  }
+  return text;
+}
+
+// "4123.4 GB/s"; the argument is bytes per ms.
+std::string bandwidth_text(double bytes_per_ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f GB/s", bytes_per_ms / 1e6);
+  return text;
+}
+
+// --ops: a comma list of known ops.
+CLI::Validator known_ops() {
+  return CLI::Validator(
+      [](std::string& input) {
+        const std::vector<std::string> ops = gpt_example::split_commas(input);
+        if (ops.empty()) return std::string("expected a comma list of ops, got '") + input + "'";
+        for (const std::string& op : ops) {
+          if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) {
+            std::string known;
+            for (const std::string& k : kOps) known += (known.empty() ? "" : ", ") + k;
+            return "unknown op '" + op + "' (known: " + known + ")";
+          }
+        }
+        return std::string();
+      },
+      "OPS");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time single ops (GEMM, layer norm, attention, cross-entropy, AdamW) against their floors"};
+  std::string device_name = "cuda", dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
+  for (const std::string& op : kOps) ops_text += (ops_text.empty() ? "" : ",") + op;
+  Shapes s;
+  int64_t warmup = 5, iters = 50, rate_size = 8192, copy_mib = 1024;
+  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--dtype", dtype_name, "the ops' dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--warmup", warmup, "untimed iterations per op")
+      ->capture_default_str()
+      ->check(gpt_example::non_negative());
+  app.add_option("--iters", iters, "timed iterations per op (the median is printed)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--ops", ops_text, "comma-separated ops to run")->capture_default_str()->check(known_ops());
+  app.add_option("--rows", s.rows, "rows (B * T) of gemm, layer_norm and cross_entropy")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--width", s.width, "model width C")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--batch", s.batch, "attention batch B")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--seq", s.seq, "attention sequence length T (also wpe's rows in adamw)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--heads", s.heads, "attention heads H (head size width / heads)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--vocab", s.vocab, "vocabulary V of cross_entropy and adamw")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--layers", s.layers, "GPT-2 blocks in adamw's parameter set")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--adamw-dtype", adamw_dtype_name, "adamw's parameter and gradient dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--rate-size", rate_size, "M = N = K of the GEMM-rate probe")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--copy-mib", copy_mib, "MiB copied by the bandwidth probe")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const std::vector<std::string> ops = gpt_example::split_commas(ops_text);
+    const bool attention = std::find(ops.begin(), ops.end(), "attention") != ops.end();
+    MT_CHECK(!attention || s.width % s.heads == 0, "--width ", s.width, " is not a multiple of --heads ", s.heads,
+             " (attention's head size is width / heads)");
+    const mt::Device device(device_name);
+    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
+    const mt::DType dtype = mt::parse_dtype(dtype_name), adamw_dtype = mt::parse_dtype(adamw_dtype_name);
+    const Timing timing{device, warmup, iters};
+
+    const std::string where =
+        device.is_cuda() ? device.str() + " (" + mt::cuda::device_name(device.index) + ")" : device.str();
+    std::printf("op_bench on %s, %s: median of %lld timed iterations after %lld warm-up\n", where.c_str(),
+                mt::dtype_name(dtype), static_cast<long long>(iters), static_cast<long long>(warmup));
+    Rates rates;
+    double probe_ms = 0;
+    rates.flops_per_ms = measure_gemm_rate(timing, dtype, rate_size, &probe_ms);
+    std::printf("GEMM rate:      %lld^3 %s matmul, %.3f ms, %s\n", static_cast<long long>(rate_size),
+                mt::dtype_name(dtype), probe_ms, flops_text(rates.flops_per_ms).c_str());
+    rates.bytes_per_ms = measure_copy_bandwidth(timing, copy_mib, &probe_ms);
+    std::printf("copy bandwidth: %lld MiB copy on %s, %.3f ms, %s (read + write)\n", static_cast<long long>(copy_mib),
+                device.str().c_str(), probe_ms, bandwidth_text(rates.bytes_per_ms).c_str());
+    std::printf("floor = max(FLOPs / GEMM rate, bytes / copy bandwidth); floor%% = floor / median (100%%: at it)\n");
+    std::printf("%-14s %-46s %10s %16s %10s %6s %7s\n", "op", "shape", "median ms", "achieved", "floor ms", "bound",
+                "floor%");
+    std::fflush(stdout);
+
+    std::vector<Measurement> results;
+    for (const std::string& op : ops) {
+      Measurement m;
+      if (op == "gemm" || op == "gemm_bias") {
+        m = bench_gemm(timing, dtype, s, /*with_bias=*/op == "gemm_bias");
+      } else if (op == "layer_norm") {
+        m = bench_layer_norm(timing, dtype, s);
+      } else if (op == "attention") {
+        m = bench_attention(timing, dtype, s);
+      } else if (op == "cross_entropy") {
+        m = bench_cross_entropy(timing, dtype, s);
+      } else {
+        m = bench_adamw(timing, adamw_dtype, s);
+      }
+      const double flop_floor = m.flops / rates.flops_per_ms, byte_floor = m.bytes / rates.bytes_per_ms;
+      const bool flop_bound = flop_floor >= byte_floor;
+      const double floor = std::max(flop_floor, byte_floor);
+      const std::string achieved = flop_bound ? flops_text(m.flops / m.ms) : bandwidth_text(m.bytes / m.ms);
+      std::printf("%-14s %-46s %10.3f %16s %10.3f %6s %6.1f%%\n", m.op.c_str(), m.shape.c_str(), m.ms, achieved.c_str(),
+                  floor, flop_bound ? "flops" : "bytes", 100.0 * floor / m.ms);
+      std::fflush(stdout);
+      results.push_back(m);
+    }
+    for (const Measurement& m : results) std::printf("op_bench: %s %.4f\n", m.op.c_str(), m.ms);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "op_bench: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

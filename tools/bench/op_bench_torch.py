@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""PyTorch's side of tools/bench/op_bench: the same ops at the same shapes, on CUDA.
+
+  gemm           F.linear(x, W)                      x [rows, width], W [4 width, width], forward
+  gemm_bias      F.linear(x, W, b)                   the same with a bias, forward
+  layer_norm     F.layer_norm                        x [rows, width], forward + backward of a random dy
+  attention      F.scaled_dot_product_attention(is_causal=True) on q, k, v [batch, heads, seq, width / heads],
+                 forward + backward of a random dO
+  cross_entropy  F.cross_entropy(F.linear(x, W).float(), target), x [rows, width], W [vocab, width],
+                 forward + backward: the logits formed, then the loss in f32 as autocast runs it
+  adamw          torch.optim.AdamW(fused=True).step() over GPT-2's parameter set (--layers blocks, the
+                 LM head tied to wte), parameters and gradients in --adamw-dtype (f32 by default)
+
+--warmup untimed iterations, then --iters iterations each between two CUDA events, as op_bench
+times them; the median is printed, then one `op_bench_torch: <op> <median_ms>` line per op.
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+OPS = ("gemm", "gemm_bias", "layer_norm", "attention", "cross_entropy", "adamw")
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def time_median_ms(body, warmup, iters):
+    for _ in range(warmup):
+        body()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        body()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def clear_grads(*tensors):
+    for t in tensors:
+        t.grad = None
+
+
+def bench_gemm(args, dtype, with_bias):
+    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype)
+    w = torch.randn(4 * args.width, args.width, device="cuda", dtype=dtype)
+    b = torch.randn(4 * args.width, device="cuda", dtype=dtype) if with_bias else None
+    return time_median_ms(lambda: F.linear(x, w, b), args.warmup, args.iters)
+
+
+def bench_layer_norm(args, dtype):
+    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.randn(args.width, device="cuda", dtype=dtype, requires_grad=True)
+    b = torch.randn(args.width, device="cuda", dtype=dtype, requires_grad=True)
+    dy = torch.randn(args.rows, args.width, device="cuda", dtype=dtype)
+
+    def body():
+        clear_grads(x, w, b)
+        F.layer_norm(x, (args.width,), w, b, eps=1e-5).backward(dy)
+
+    return time_median_ms(body, args.warmup, args.iters)
+
+
+def bench_attention(args, dtype):
+    shape = (args.batch, args.heads, args.seq, args.width // args.heads)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=dtype)
+
+    def body():
+        clear_grads(q, k, v)
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+
+    return time_median_ms(body, args.warmup, args.iters)
+
+
+def bench_cross_entropy(args, dtype):
+    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype, requires_grad=True)
+    w = (0.02 * torch.randn(args.vocab, args.width, device="cuda", dtype=dtype)).requires_grad_()
+    target = torch.randint(0, args.vocab, (args.rows,), device="cuda")
+
+    def body():
+        clear_grads(x, w)
+        logits = F.linear(x, w)
+        # autocast runs cross_entropy in f32; this is what it does to bf16/f16 logits.
+        F.cross_entropy(logits.float(), target).backward()
+
+    return time_median_ms(body, args.warmup, args.iters)
+
+
+def gpt2_parameter_shapes(args):
+    """op_bench.cpp's list: wte, wpe, per block ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj, then ln_f."""
+    c = args.width
+    shapes = [(args.vocab, c), (args.seq, c)]
+    for _ in range(args.layers):
+        shapes += [(c,), (c,), (3 * c, c), (3 * c,), (c, c), (c,), (c,), (c,), (4 * c, c), (4 * c,), (c, 4 * c), (c,)]
+    return shapes + [(c,), (c,)]
+
+
+def bench_adamw(args, dtype):
+    params = []
+    for shape in gpt2_parameter_shapes(args):
+        p = (0.02 * torch.randn(shape, device="cuda", dtype=dtype)).requires_grad_()
+        p.grad = 1e-3 * torch.randn(shape, device="cuda", dtype=dtype)
+        params.append(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    return time_median_ms(opt.step, args.warmup, args.iters)
+
+
+def positive(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def non_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def op_list(text):
+    ops = [op for op in text.split(",") if op]
+    if not ops:
+        raise argparse.ArgumentTypeError(f"expected a comma list of ops, got '{text}'")
+    for op in ops:
+        if op not in OPS:
+            raise argparse.ArgumentTypeError(f"unknown op '{op}' (known: {', '.join(OPS)})")
+    return ops
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--warmup", type=non_negative, default=5)
+    p.add_argument("--iters", type=positive, default=50)
+    p.add_argument("--ops", type=op_list, default=list(OPS))
+    p.add_argument("--rows", type=positive, default=16384, help="B * T of gemm, layer_norm and cross_entropy")
+    p.add_argument("--width", type=positive, default=768)
+    p.add_argument("--batch", type=positive, default=16)
+    p.add_argument("--seq", type=positive, default=1024)
+    p.add_argument("--heads", type=positive, default=12)
+    p.add_argument("--vocab", type=positive, default=50304)
+    p.add_argument("--layers", type=positive, default=12, help="GPT-2 blocks in adamw's parameter set")
+    p.add_argument("--adamw-dtype", choices=sorted(DTYPES), default="f32")
+    args = p.parse_args()
+    if "attention" in args.ops and args.width % args.heads:
+        p.error(f"--width {args.width} is not a multiple of --heads {args.heads} (attention's head size)")
+    torch.manual_seed(0)
+    dtype = DTYPES[args.dtype]
+    print(f"op_bench_torch on {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}: "
+          f"median of {args.iters} timed iterations after {args.warmup} warm-up")
+    results = []
+    for op in args.ops:
+        if op in ("gemm", "gemm_bias"):
+            ms = bench_gemm(args, dtype, with_bias=op == "gemm_bias")
+        elif op == "layer_norm":
+            ms = bench_layer_norm(args, dtype)
+        elif op == "attention":
+            ms = bench_attention(args, dtype)
+        elif op == "cross_entropy":
+            ms = bench_cross_entropy(args, dtype)
+        else:
+            ms = bench_adamw(args, DTYPES[args.adamw_dtype])
+        print(f"{op:<14} {ms:10.3f} ms", flush=True)
+        results.append((op, ms))
+    for op, ms in results:
+        print(f"op_bench_torch: {op} {ms:.4f}")
+
+
+if __name__ == "__main__":
+    main()
