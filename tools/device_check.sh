@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and tests on the GPU machine. Run from the repository root there:
-#   tools/device_check.sh [--skip-tests] [--sanitize] [--bench] [--parity] [--demo]
+#   tools/device_check.sh [--skip-tests] [--sanitize] [--bench] [--parity] [--loss-curve] [--demo]
 #     --skip-tests  build only, no ctest (for a run that measures)
 # (the sanitizer ignores API error codes: the out-of-memory test provokes them on purpose)
 #     --sanitize[=TOOLS]  also run every *_tests executable under compute-sanitizer; TOOLS is
@@ -8,6 +8,8 @@
 #                 is passed as --gtest_filter (the CPU-only cases cost nothing: no kernels to check).
 #     --bench     also run tools/bench/run_all.sh
 #     --parity    also run the PyTorch parity scripts in tools/parity/
+#     --loss-curve  also train GPT-2 124M for 50 steps beside PyTorch from the same weights and
+#                 batches (tools/parity/gpt2_loss_curve.py, bf16) and compare the losses
 #     --demo      also run the main job, tools/demo.sh, on the GPU
 # That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
 # everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
@@ -17,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
 
-sanitize=0 sanitize_tools="memcheck,racecheck" bench=0 parity=0 demo=0 skip_tests=0
+sanitize=0 sanitize_tools="memcheck,racecheck" bench=0 parity=0 loss_curve=0 demo=0 skip_tests=0
 for arg in "$@"; do
   case "$arg" in
     --skip-tests) skip_tests=1 ;;
@@ -25,8 +27,12 @@ for arg in "$@"; do
     --sanitize=*) sanitize=1 sanitize_tools="${arg#--sanitize=}" ;;
     --bench) bench=1 ;;
     --parity) parity=1 ;;
+    --loss-curve) loss_curve=1 ;;
     --demo) demo=1 ;;
-    *) echo "usage: tools/device_check.sh [--skip-tests] [--sanitize] [--bench] [--parity] [--demo]" >&2; exit 2 ;;
+    *)
+      echo "usage: tools/device_check.sh [--skip-tests] [--sanitize[=TOOLS]] [--bench] [--parity] [--loss-curve] [--demo]" >&2
+      exit 2
+      ;;
   esac
 done
 
@@ -135,6 +141,15 @@ if ((parity)); then
   ((parity_rc == 0)) || echo "parity: FAILED (exit $parity_rc, log: $out/parity.log)"
 fi
 
+loss_curve_rc=0
+if ((loss_curve)); then
+  python3 tools/parity/gpt2_loss_curve.py --bin "$build/tools/gpt_train_steps" --device cuda \
+    --workdir "$build/loss_curve" >"$out/loss_curve.log" 2>&1 || loss_curve_rc=$?
+  grep -E '^(torch|gpt2_loss_curve)|^ *[0-9]+ ' "$out/loss_curve.log" | awk 'NR <= 2 || /gpt2_loss_curve/ || $1 % 5 == 0' ||
+    tail -n 20 "$out/loss_curve.log"
+  ((loss_curve_rc == 0)) || echo "loss curve: FAILED (exit $loss_curve_rc, log: $out/loss_curve.log)"
+fi
+
 demo_rc=0
 if ((demo)); then
   demo_start=$SECONDS
@@ -154,4 +169,4 @@ if [[ -z "$summary" ]]; then
 fi
 echo "$summary"
 
-((ctest_rc == 0 && sanitize_rc == 0 && bench_rc == 0 && parity_rc == 0 && demo_rc == 0))
+((ctest_rc == 0 && sanitize_rc == 0 && bench_rc == 0 && parity_rc == 0 && loss_curve_rc == 0 && demo_rc == 0))

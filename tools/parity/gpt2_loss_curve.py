@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""mixtrain's GPT-2 training against PyTorch's, step by step, from the same weights on the same batches.
+
+1. transformers builds a GPT-2 (by default GPT-2 124M's shape with vocab 50304) from a random
+   config, dropout 0, and saves it with save_pretrained.
+2. The batches come from a random sparse Markov chain over the vocabulary (every token has
+   --successors possible next tokens), so the loss has somewhere to go: from ln(vocab) towards
+   ln(successors).
+3. tools/parity/gpt_train_steps (mixtrain) and PyTorch (transformers' GPT2LMHeadModel, the
+   loss as F.cross_entropy on the logits) train that model on those batches: AdamW on every
+   parameter, constant lr, no clipping; under autocast (--amp bf16) or in f32 (--amp off).
+4. The losses are printed side by side. Under --amp off they must agree within
+   --f32-tolerance (relative). Under bf16 the yardstick is bf16's own noise: PyTorch also
+   trains in f32, and our distance from PyTorch's bf16 run may be at most --noise-factor
+   times the distance between PyTorch's bf16 and f32 runs (the larger over the steps of each).
+
+Usage (after building): python3 tools/parity/gpt2_loss_curve.py --bin build/tools/gpt_train_steps --device cuda
+A small model for the CPU: --layers 2 --embd 64 --heads 4 --vocab 256 --batch 4 --seq 64 --amp off
+Exit status 0 when the curves agree. TF32 is off on the PyTorch side (mixtrain never uses it).
+"""
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def markov_batches(steps, batch, seq, vocab, successors, seed):
+    """[steps, batch, seq + 1] ids: a random walk over a fixed random successor table."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, vocab, size=(vocab, successors))
+    rows = steps * batch
+    ids = np.empty((rows, seq + 1), dtype=np.int64)
+    ids[:, 0] = rng.integers(0, vocab, size=rows)
+    for t in range(1, seq + 1):
+        ids[:, t] = table[ids[:, t - 1], rng.integers(0, successors, size=rows)]
+    return torch.from_numpy(ids.reshape(steps, batch, seq + 1))
+
+
+def torch_losses(model_dir, batches, device, amp, args):
+    model = GPT2LMHeadModel.from_pretrained(model_dir, attn_implementation="sdpa").to(device).train()
+    fused = device.startswith("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                                  weight_decay=args.weight_decay, fused=fused)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    losses = []
+    for step in range(batches.shape[0]):
+        ids = batches[step].to(device)
+        x, y = ids[:, :-1], ids[:, 1:]
+        with torch.autocast(device_type=device.split(":")[0], dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            logits = model(x).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def our_losses(args, model_dir, batches_path, amp):
+    cmd = [args.bin, "--model", model_dir, "--batches", batches_path, "--device", args.device, "--amp", amp,
+           "--lr", repr(args.lr), "--beta1", repr(args.beta1), "--beta2", repr(args.beta2), "--eps", repr(args.eps),
+           "--weight-decay", repr(args.weight_decay)]
+    print("+", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+    if len(losses) != args.steps:
+        sys.exit(f"gpt2_loss_curve: {args.bin} printed {len(losses)} losses, not {args.steps}:\n{out}")
+    return losses
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bin", required=True, help="path of the built gpt_train_steps program")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--amp", default=None, choices=["off", "bf16"], help="default: bf16 on cuda, off on cpu")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--embd", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--successors", type=int, default=4, help="next tokens each token may have in the data")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--f32-tolerance", type=float, default=1e-4, help="relative, per step, under --amp off")
+    p.add_argument("--noise-factor", type=float, default=2.0, help="bf16: allowed multiple of PyTorch's bf16-vs-f32")
+    p.add_argument("--workdir", default=None, help="where to write the model and the batches")
+    args = p.parse_args()
+    amp = args.amp or ("bf16" if args.device.startswith("cuda") else "off")
+    for name in ("steps", "layers", "embd", "heads", "vocab", "batch", "seq", "successors"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.embd % args.heads:
+        p.error(f"--embd {args.embd} is not a multiple of --heads {args.heads}")
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(args.seed)
+    work = args.workdir or tempfile.mkdtemp(prefix="gpt2_loss_curve_")
+    os.makedirs(work, exist_ok=True)
+    config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq, n_embd=args.embd, n_layer=args.layers,
+                        n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model_dir = os.path.join(work, "model")
+    GPT2LMHeadModel(config).save_pretrained(model_dir, safe_serialization=True)
+    batches = markov_batches(args.steps, args.batch, args.seq, args.vocab, args.successors, args.seed)
+    batches_path = os.path.join(work, "batches.safetensors")
+    save_file({"ids": batches}, batches_path)
+    print(f"torch {torch.__version__}, transformers {__import__('transformers').__version__}; GPT-2 "
+          f"{args.layers} layers, width {args.embd}, {args.heads} heads, vocab {args.vocab}; B={args.batch} "
+          f"T={args.seq}, {args.steps} steps on {args.device}, amp {amp}; AdamW lr {args.lr:g} betas "
+          f"({args.beta1:g}, {args.beta2:g}) wd {args.weight_decay:g}; data: {args.successors} successors per token "
+          f"(loss floor ln {args.successors} = {math.log(args.successors):.3f})", flush=True)
+
+    ours = our_losses(args, model_dir, batches_path, amp)
+    theirs = torch_losses(model_dir, batches, args.device, amp, args)
+    reference = torch_losses(model_dir, batches, args.device, "off", args) if amp != "off" else None
+
+    header = f"{'step':>4} {'mixtrain':>10} {'PyTorch':>10} {'|diff|':>9}"
+    if reference:
+        header += f" {'PyTorch f32':>11} {'bf16 noise':>10}"
+    print(header)
+    for s in range(args.steps):
+        line = f"{s:4d} {ours[s]:10.5f} {theirs[s]:10.5f} {abs(ours[s] - theirs[s]):9.2e}"
+        if reference:
+            line += f" {reference[s]:11.5f} {abs(theirs[s] - reference[s]):10.2e}"
+        print(line)
+
+    diff = max(abs(a - b) for a, b in zip(ours, theirs))
+    if reference is None:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+        ok = worst <= args.f32_tolerance
+        print(f"gpt2_loss_curve: f32, max |diff| {diff:.3e}, max relative {worst:.3e} "
+              f"(tolerance {args.f32_tolerance:g}): {'PASS' if ok else 'FAIL'}")
+    else:
+        noise = max(abs(a - b) for a, b in zip(theirs, reference))
+        ok = diff <= args.noise_factor * noise
+        print(f"gpt2_loss_curve: {amp}, max |mixtrain - PyTorch| {diff:.3e}; bf16 noise (max |PyTorch {amp} - "
+              f"PyTorch f32|) {noise:.3e}; allowed {args.noise_factor:g}x: {'PASS' if ok else 'FAIL'}")
+    print(f"gpt2_loss_curve: loss {ours[0]:.4f} -> {ours[-1]:.4f} (mixtrain), {theirs[0]:.4f} -> {theirs[-1]:.4f} "
+          "(PyTorch)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
