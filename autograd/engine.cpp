@@ -22,6 +22,8 @@ using InputBuffer = std::vector<Tensor>;
 void add_to_buffer(InputBuffer& buffer, uint32_t slot, Tensor grad) {
   if (!buffer[slot].defined()) {
     buffer[slot] = std::move(grad);
+  } else if (owns_whole_storage(buffer[slot]) && buffer[slot].dtype() == grad.dtype()) {
+    raw::accumulate_(buffer[slot], grad);  // nobody else sees this buffer: sum in place
   } else {
     // Sum out of place: the first gradient may alias a tensor another node still reads.
     Tensor sum = raw::clone(buffer[slot]);

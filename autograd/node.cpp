@@ -72,9 +72,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     // Own the gradient: the incoming tensor may alias another buffer of the graph,
     // unless this handle is its only owner (then it is taken as is, without a copy)
     // or the leaf asked for the gradient as it comes (checkpoint's recompute inputs).
-    const bool sole_owner = grad.impl_use_count() == 1 && grad.storage().use_count() == 1 && grad.offset() == 0 &&
-                            grad.nbytes() == grad.storage()->nbytes();  // not a slice keeping a bigger buffer
-    m.grad = m.keep_incoming_grad || (sole_owner && grad.is_contiguous()) ? grad : raw::clone(grad);
+    m.grad = m.keep_incoming_grad || owns_whole_storage(grad) ? grad : raw::clone(grad);
   } else {
     raw::accumulate_(m.grad, grad);
   }
@@ -87,6 +85,11 @@ AutogradMeta& meta(const Tensor& t) {
   auto& slot = t.impl()->autograd_meta;
   if (!slot) slot = std::make_shared<AutogradMeta>();
   return *slot;
+}
+
+bool owns_whole_storage(const Tensor& t) {
+  return t.impl_use_count() == 1 && t.storage().use_count() == 1 && t.offset() == 0 &&
+         t.nbytes() == t.storage()->nbytes() && t.is_contiguous();  // not a slice keeping a bigger buffer
 }
 
 AutogradMeta* meta_if_exists(const Tensor& t) { return t.defined() ? t.impl()->autograd_meta.get() : nullptr; }

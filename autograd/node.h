@@ -114,6 +114,10 @@ struct AutogradMeta {
 
 // The autograd meta of t, created on demand.
 AutogradMeta& meta(const Tensor& t);
+// True when this handle is the only owner of t's data, which is all of its storage
+// and contiguous: nobody else can read it, so it may be summed into in place or kept
+// as a gradient without a copy.
+bool owns_whole_storage(const Tensor& t);
 // Null when t has never been touched by autograd.
 AutogradMeta* meta_if_exists(const Tensor& t);
 

@@ -24,6 +24,33 @@ TEST(Engine, GradientsAccumulateAcrossUsesAndBackwardCalls) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6, 8}));
 }
 
+// Two gradients for one tensor are summed in place only into a buffer nobody else
+// holds: a gradient a node also keeps (here the node returns a tensor it captured)
+// must come out of backward unchanged, and the sum must still be right.
+TEST(Engine, GradientSumsNeverWriteIntoATensorSomeoneElseHolds) {
+  for (const bool kept_first : {true, false}) {  // the node is recorded before or after the other use
+    Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+    Tensor y = x * 1.0;
+    const Tensor kept = from_vector({10.0, 20.0}, {2}, DType::f64);
+    Tensor other;
+    if (!kept_first) other = y * 3.0;
+    Tensor out = empty({2}, TensorOptions().dtype(DType::f64));
+    auto node = std::make_shared<autograd::LambdaNode>(
+        "ReturnsKept",
+        [kept](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{kept}; });
+    autograd::record(node, {y}, {out});
+    if (kept_first) other = y * 3.0;
+    sum(out + other).backward();
+    EXPECT_EQ(kept.to_vector<double>(), (std::vector<double>{10, 20})) << "kept_first " << kept_first;
+    EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{13, 23})) << "kept_first " << kept_first;
+  }
+  // Three uses of one tensor: fresh gradients are summed (in place after the first copy).
+  Tensor z = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  Tensor w = z * 1.0;
+  sum(w * 2.0 + w * 3.0 + w * 4.0).backward();
+  EXPECT_EQ(z.grad().to_vector<double>(), (std::vector<double>{9, 9}));
+}
+
 TEST(Engine, SecondBackwardThroughFreedGraphSaysSo) {
   Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
   Tensor y = sum(exp(x));
