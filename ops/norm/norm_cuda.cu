@@ -19,7 +19,7 @@ namespace {
 constexpr int kColTile = 32;        // columns per parameter-gradient block (threadIdx.x)
 constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient block (threadIdx.y)
 constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
-constexpr int kFinalThreads = 256;
+constexpr int kFinalRows = 16;      // group rows in flight per block of the final sum (threadIdx.y)
 
 template <typename T, NormKind kKind>
 __global__ void norm_forward_kernel(T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight,
@@ -122,14 +122,23 @@ __global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbia
   }
 }
 
-// out[c] = sum over groups of part[g, c], cast to T.
+// out[c] = sum over groups of part[g, c], cast to T. Block (kColTile, kFinalRows):
+// threads of a warp read adjacent columns, the kFinalRows rows of threads split the
+// groups and combine through shared memory (one thread per column summing every
+// group alone left a 768-wide norm with 3 blocks, each thread 256 loads deep).
 template <typename T>
 __global__ void sum_groups_kernel(T* out, const acc_t<T>* part, int64_t groups, int64_t cols) {
   using A = acc_t<T>;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    A s = 0;
-    for (int64_t g = 0; g < groups; ++g) s += part[g * cols + c];
+  __shared__ A tile[kFinalRows][kColTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  A s = 0;
+  if (c < cols) {
+    for (int64_t g = threadIdx.y; g < groups; g += kFinalRows) s += part[g * cols + c];
+  }
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int i = 1; i < kFinalRows; ++i) s += tile[i][threadIdx.x];
     out[c] = convert<T>(s);
   }
 }
@@ -179,14 +188,15 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
         mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const T*>(dy.data_ptr()),
         data_or_null<T>(x), data_or_null<A>(mean), data_or_null<A>(rstd), rows, cols);
     MT_CUDA_CHECK_LAUNCH();
-    const unsigned final_blocks = static_cast<unsigned>((cols + kFinalThreads - 1) / kFinalThreads);
+    const unsigned final_blocks = static_cast<unsigned>((cols + kColTile - 1) / kColTile);
+    const dim3 final_block(kColTile, kFinalRows);
     if (dweight.defined()) {
-      sum_groups_kernel<T><<<final_blocks, kFinalThreads, 0, stream.handle()>>>(
+      sum_groups_kernel<T><<<final_blocks, final_block, 0, stream.handle()>>>(
           static_cast<T*>(dweight.data_ptr()), static_cast<const A*>(dw_part.data_ptr()), groups, cols);
       MT_CUDA_CHECK_LAUNCH();
     }
     if (dbias.defined()) {
-      sum_groups_kernel<T><<<final_blocks, kFinalThreads, 0, stream.handle()>>>(
+      sum_groups_kernel<T><<<final_blocks, final_block, 0, stream.handle()>>>(
           static_cast<T*>(dbias.data_ptr()), static_cast<const A*>(db_part.data_ptr()), groups, cols);
       MT_CUDA_CHECK_LAUNCH();
     }
