@@ -1,6 +1,8 @@
 // CUDA element loops behind copy (with dtype conversion), fill and random draws.
 // Kernels first, then launchers, then the checked entry points.
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
@@ -64,6 +66,41 @@ bool packable_pair(const Tensor& dst, const Tensor& src, int pack) {
          cuda::aligned_to(src.data_ptr(), static_cast<size_t>(pack) * element_size(src.dtype()));
 }
 
+// When dst and src (same shape) are both [rows, cols] matrices with unit stride along
+// cols, however their dims are split, their row strides (in elements); a window of a
+// wider buffer (narrow along the last dim, a split of a packed qkv) is one. False when
+// another layout is needed.
+bool as_pitched_rows(const Tensor& dst, const Tensor& src, int64_t* rows, int64_t* cols, int64_t* dst_pitch,
+                     int64_t* src_pitch) {
+  if (dst.shape() != src.shape()) return false;
+  std::vector<int64_t> size, dst_stride, src_stride;  // size-1 dims dropped, innermost last
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    if (dst.size(d) == 1) continue;
+    size.push_back(dst.size(d));
+    dst_stride.push_back(dst.stride(d));
+    src_stride.push_back(src.stride(d));
+  }
+  if (size.empty() || dst_stride.back() != 1 || src_stride.back() != 1) return false;
+  // Merge dims into the row, innermost first, while both tensors keep them contiguous.
+  size_t d = size.size() - 1;
+  int64_t width = size[d];
+  while (d > 0 && dst_stride[d - 1] == width && src_stride[d - 1] == width) width *= size[--d];
+  if (d == 0) return false;  // wholly contiguous: the dense paths handle it
+  // The dims left must form one row dimension with a single stride in each tensor.
+  int64_t height = size[d - 1];
+  const int64_t dp = dst_stride[d - 1], sp = src_stride[d - 1];
+  for (size_t k = d - 1; k > 0; --k) {
+    if (dst_stride[k - 1] != dst_stride[k] * size[k] || src_stride[k - 1] != src_stride[k] * size[k]) return false;
+    height *= size[k - 1];
+  }
+  if (dp < width || sp < width) return false;  // overlapping rows (an expanded source): not a plain 2-D copy
+  *rows = height;
+  *cols = width;
+  *dst_pitch = dp;
+  *src_pitch = sp;
+  return true;
+}
+
 template <typename D, typename S>
 __global__ void accumulate_kernel(D* dst, StridedIndexer di, const S* src, StridedIndexer si, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -106,6 +143,16 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     MT_CUDA_CHECK(
         cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream.handle()));
+    return;
+  }
+  int64_t rows = 0, cols = 0, dst_pitch = 0, src_pitch = 0;
+  if (dst.dtype() == src.dtype() && as_pitched_rows(dst, src, &rows, &cols, &dst_pitch, &src_pitch)) {
+    // Rows of a wider buffer (the windows of a split): the driver's 2-D copy, not a kernel
+    // that computes a strided offset per element.
+    const size_t item = element_size(dst.dtype());
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(dst.data_ptr(), static_cast<size_t>(dst_pitch) * item, src.data_ptr(),
+                                    static_cast<size_t>(src_pitch) * item, static_cast<size_t>(cols) * item,
+                                    static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream.handle()));
     return;
   }
   const auto packed_dtype = [](DType d) {
@@ -166,6 +213,10 @@ void fill_cuda(const Tensor& dst, double value) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  if (value == 0.0 && !std::signbit(value) && dst.is_contiguous()) {  // +0 is all zero bits in every dtype
+    MT_CUDA_CHECK(cudaMemsetAsync(dst.data_ptr(), 0, dst.nbytes(), stream.handle()));
+    return;
+  }
   const StridedIndexer di(dst);
   dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;

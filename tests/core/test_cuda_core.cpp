@@ -218,8 +218,18 @@ std::vector<std::vector<uint8_t>> strided_copies(const Tensor& host_src, mt::Dev
   permute(d6, {2, 1, 0}).copy_(unsqueeze(src, 1));  // permuted destination, expanded source
   Tensor d7 = zeros({37, 53}, DType::f32);
   transpose(d7, 0, 1).copy_(transpose(src, 0, 1));  // both transposed: same layout
-  return {host_bytes(d1), host_bytes(d2), host_bytes(d3), host_bytes(d4),
-          host_bytes(d5), host_bytes(d6), host_bytes(d7)};
+  // Rows of a wider buffer, same dtype (the 2-D copy path): into a window, out of one,
+  // and 3-D windows whose leading dims merge into one row dimension.
+  Tensor d8 = zeros({37, 3 * 53}, DType::f32);
+  narrow(d8, 1, 53, 53).copy_(src);
+  Tensor d9 = zeros({37, 20}, DType::f32);
+  d9.copy_(narrow(src, 1, 10, 20));
+  Tensor d10 = zeros({2, 18, 2 * 53}, DType::f32);
+  narrow(d10, 2, 53, 53).copy_(reshape(narrow(src, 0, 0, 36), {2, 18, 53}));
+  Tensor d11 = zeros({2, 37, 2 * 53}, DType::f32);
+  narrow(d11, 2, 0, 53).copy_(expand(unsqueeze(src, 0), {2, 37, 53}));  // expanded: not one row stride
+  return {host_bytes(d1), host_bytes(d2), host_bytes(d3), host_bytes(d4),  host_bytes(d5), host_bytes(d6),
+          host_bytes(d7), host_bytes(d8), host_bytes(d9), host_bytes(d10), host_bytes(d11)};
 }
 
 TEST(CudaCopy, StridedCopiesMatchTheCpu) {
