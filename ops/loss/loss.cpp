@@ -191,7 +191,13 @@ FusedHeadResult fused_head_forward(const Tensor& x, const Tensor& w, const Tenso
   r.loss_rows = empty({rows}, acc_options);
   Tensor lse = empty({rows}, acc_options);
   if (want_dx) r.dx_unit = empty({rows, hidden}, ops::options_of(x));
-  if (want_dw) r.dw_unit = zeros({classes, hidden}, acc_options);
+  // The first chunk's GEMM writes dW (beta 0), the others add to it: no zero fill of [V, C].
+  if (want_dw) r.dw_unit = rows > 0 ? empty({classes, hidden}, acc_options) : zeros({classes, hidden}, acc_options);
+  // Chunks of equal size: a short last chunk would run its three GEMMs at a poor rate.
+  if (rows > 0) {
+    const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    chunk_rows = (rows + chunks - 1) / chunks;
+  }
   const Tensor w3 = raw::unsqueeze(w, 0);
   Tensor logits_buffer = empty({std::min(rows, chunk_rows), classes}, ops::options_of(x));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -224,7 +230,7 @@ FusedHeadResult fused_head_forward(const Tensor& x, const Tensor& w, const Tenso
     if (want_dw) {  // dW [V, C] += dlogits^T [V, n] @ x_c [n, C], accumulated in f32/f64
       ops::GemmArgs acc_args;
       acc_args.transpose_a = ops::Transpose::yes;
-      acc_args.beta = 1.0;
+      acc_args.beta = r0 == 0 ? 0.0 : 1.0;
       ops::gemm(raw::unsqueeze(r.dw_unit, 0), raw::unsqueeze(logits, 0), raw::unsqueeze(xc, 0), acc_args);
     }
   }
