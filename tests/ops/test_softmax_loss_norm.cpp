@@ -109,9 +109,10 @@ MT_OP_CASE(OpCase("layer_norm", "layer_norm_affine").inputs({{3, 6}, {6}, {6}}).
 }));
 // 150 rows make 3 row groups of partial parameter gradients on CUDA, 36 columns a
 // partial column tile: the final per-column sum is exercised across both.
-MT_OP_CASE(OpCase("layer_norm", "layer_norm_affine_row_groups")
-               .inputs({{150, 36}, {36}, {36}})
-               .compute([](const In& x) { return layer_norm(x[0], x[1], x[2]); }));
+MT_OP_CASE(
+    OpCase("layer_norm", "layer_norm_affine_row_groups").inputs({{150, 36}, {36}, {36}}).compute([](const In& x) {
+      return layer_norm(x[0], x[1], x[2]);
+    }));
 MT_OP_CASE(OpCase("layer_norm", "layer_norm_no_affine").inputs({{3, 6}}).compute([](const In& x) {
   return layer_norm(x[0], Tensor(), Tensor());
 }));
