@@ -97,19 +97,28 @@ class NcclCommunicator : public Communicator {
     const Tensor bytes = from_blob(&id, {static_cast<int64_t>(sizeof(id))}, DType::u8, DType::u8);
     bootstrap.broadcast_(bytes, 0);
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
-    MT_NCCL_CHECK(ncclCommInitRank(&comm_, group.world_size(), id, group.rank()));
-    stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
-    poller_ = std::thread([this] { poll(); });
-    monitor_ = std::thread([this] { monitor(); });
-  }
-  ~NcclCommunicator() override {
+    // Setting up the communicator waits for every rank: the monitor times it like a collective.
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      launching_ = "setup (ncclCommInitRank)";
+      launch_started_ = std::chrono::steady_clock::now();
     }
-    wake_.notify_all();
-    if (poller_.joinable()) poller_.join();
-    if (monitor_.joinable()) monitor_.join();
+    monitor_ = std::thread([this] { monitor(); });
+    try {
+      ncclComm_t comm = nullptr;
+      MT_NCCL_CHECK(ncclCommInitRank(&comm, group.world_size(), id, group.rank()));
+      std::lock_guard<std::mutex> lock(mutex_);
+      comm_ = comm;
+      launching_.clear();
+    } catch (...) {
+      stop_monitoring();  // the destructor will not run
+      throw;
+    }
+    stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
+    poller_ = std::thread([this] { poll(); });
+  }
+  ~NcclCommunicator() override {
+    stop_monitoring();
     if (comm_ != nullptr) ncclCommDestroy(comm_);  // no throw from a destructor
   }
 
@@ -165,6 +174,16 @@ class NcclCommunicator : public Communicator {
       in_flight_.push_back(InFlight{done, what, std::chrono::steady_clock::now()});
     }
     return std::make_unique<NcclWork>(done, device_);
+  }
+
+  void stop_monitoring() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (poller_.joinable()) poller_.join();
+    if (monitor_.joinable()) monitor_.join();
   }
 
   // Two threads watch the collectives, because a CUDA call can block behind a kernel that
@@ -240,7 +259,7 @@ class NcclCommunicator : public Communicator {
     std::fprintf(stderr, "mixtrain: %s: NCCL %s %s; aborting the communicator\n", describe_.c_str(), what.c_str(),
                  why.c_str());
     std::fflush(stderr);
-    std::thread([comm = comm_] { ncclCommAbort(comm); }).detach();
+    if (comm_ != nullptr) std::thread([comm = comm_] { ncclCommAbort(comm); }).detach();  // null: setup never ended
     std::this_thread::sleep_for(std::chrono::seconds(2));
     end_process_after_collective_failure(describe_, "NCCL " + what, why);
   }
