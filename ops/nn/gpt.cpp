@@ -192,6 +192,7 @@ GPTBody::GPTBody(const GPTConfig& config, Generator* generator) : dropout(config
     blocks.push_back(h->push_back(std::make_shared<Block>(block_shape(config), generator)));
   }
   register_module("ln_f", ln_f, std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon));
+  ln_f->output_in_autocast_dtype = true;  // feeds only the tied head's GEMM
 }
 
 Tensor GPTBody::forward(const Tensor& ids) const {

@@ -59,7 +59,7 @@ struct GPTCheckpointing {
 class GPTBody : public Module {
  public:
   GPTBody(const GPTConfig& config, Generator* generator);
-  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after ln_f
+  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after ln_f (autocast dtype under autocast)
   std::shared_ptr<Embedding> wte;           // [V, C]
   std::shared_ptr<Embedding> wpe;           // [n_positions, C]
   std::shared_ptr<ModuleList> h;

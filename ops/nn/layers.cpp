@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "ops/dropout/dropout.h"
 #include "ops/embedding/embedding.h"
 #include "ops/matmul/matmul.h"
@@ -46,7 +47,13 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   bias = register_parameter("bias", zeros({dim}));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+  const DeviceType device = x.device().type;
+  if (output_in_autocast_dtype && autocast::is_enabled(device)) {
+    return layer_norm(x, weight, bias, eps, autocast::dtype(device));
+  }
+  return layer_norm(x, weight, bias, eps);
+}
 
 Dropout::Dropout(double p_) : p(p_) { MT_CHECK(p >= 0 && p <= 1, "Dropout: p must lie in [0, 1], got ", p); }
 

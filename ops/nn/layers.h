@@ -53,6 +53,11 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;
   Tensor weight, bias;  // [dim]
   double eps;
+  // Set by models whose norm output only feeds GEMMs, which autocast runs in the low
+  // dtype anyway: under autocast the norm then writes that dtype itself (the same
+  // values as an f32 output cast afterwards; one pass over the activations fewer in
+  // forward and in backward). Off: the output has the input's dtype, as in PyTorch.
+  bool output_in_autocast_dtype = false;
 };
 
 // Zeroes elements with probability p while training; the identity in eval mode.

@@ -46,6 +46,9 @@ Block::Block(const TransformerShape& shape, Generator* generator) {
   register_module("ln_1", ln_1, std::make_shared<LayerNorm>(shape.n_embd, shape.layer_norm_epsilon));
   register_module("attn", attn, std::make_shared<CausalSelfAttention>(shape, generator));
   register_module("ln_2", ln_2, std::make_shared<LayerNorm>(shape.n_embd, shape.layer_norm_epsilon));
+  // Both norms feed only GEMMs (qkv and the MLP's input, with any LoRA adapters on them).
+  ln_1->output_in_autocast_dtype = true;
+  ln_2->output_in_autocast_dtype = true;
   register_module("mlp", mlp, std::make_shared<MLP>(shape, generator));
 }
 

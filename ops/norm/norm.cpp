@@ -42,16 +42,27 @@ DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
 Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? raw::contiguous(t) : Tensor(); }
 
-Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+// Whether the CUDA kernels read or write `io` (y, dy) directly for an x of x_dtype:
+// the same dtype, or a half type for f32.
+bool cuda_io(DType x_dtype, DType io) { return io == x_dtype || (x_dtype == DType::f32 && is_half(io)); }
+
+Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype) {
   validate(kind, x, weight, bias, eps);
   const char* op = name_of(kind);
+  MT_CHECK_T(DTypeError, is_floating(out_dtype), op, ": the output dtype must be floating, got ",
+             dtype_name(out_dtype));
   const int64_t cols = x.shape().back();
   const int64_t rows = x.numel() / cols;
   const Tensor xr = raw::view(raw::contiguous(x), {rows, cols});  // [rows, C]
   const Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
 
   const TensorOptions stats = TensorOptions().dtype(stat_dtype(x.dtype())).device(x.device());
-  Tensor y = empty({rows, cols}, ops::options_of(x));
+  // CUDA writes y in out_dtype from registers; elsewhere y is computed in x's dtype and
+  // then converted (the same values: one rounding from acc_t either way for f32 x).
+  const bool direct = x.is_cuda() && cuda_io(x.dtype(), out_dtype);
+  Tensor y = empty({rows, cols}, ops::options_of(x).dtype(direct ? out_dtype : x.dtype()));
   const Tensor mean = kind == NormKind::layer ? empty({rows}, stats) : Tensor();  // [rows]
   const Tensor rstd = empty({rows}, stats);                                       // [rows]
   if (x.is_cuda()) {
@@ -63,7 +74,7 @@ Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tenso
   } else {
     ops::norm_forward_cpu(kind, y, mean, rstd, xr, w, b, eps);
   }
-  Tensor out = raw::view(y, x.shape());
+  Tensor out = raw::view(ops::as_dtype(y, out_dtype), x.shape());
 
   const std::vector<Tensor> inputs =
       kind == NormKind::layer ? std::vector<Tensor>{x, weight, bias} : std::vector<Tensor>{x, weight};
@@ -74,7 +85,10 @@ Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tenso
           auto saved = [&](size_t i) { return self.saved[i].defined() ? self.unpack(i) : Tensor(); };
           const Tensor xs = saved(0), rstd = saved(1), mean = saved(2), w = saved(3);
           const TensorOptions options = ops::options_of(g[0]).dtype(self.input_meta[0].dtype);
-          const Tensor dy = raw::view(raw::contiguous(ops::as_dtype(g[0], options.dtype())), {rows, cols});
+          // A half dy of an f32 x is read as it is on CUDA, converted in registers.
+          const Tensor g0 =
+              g[0].is_cuda() && cuda_io(options.dtype(), g[0].dtype()) ? g[0] : ops::as_dtype(g[0], options.dtype());
+          const Tensor dy = raw::view(raw::contiguous(g0), {rows, cols});
           const Tensor dx = self.needs_input_grad(0) ? empty({rows, cols}, options) : Tensor();
           const Tensor dw = self.needs_input_grad(1) ? empty({cols}, options) : Tensor();
           const Tensor db = self.needs_input_grad(2) ? empty({cols}, options) : Tensor();
@@ -107,12 +121,22 @@ Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tenso
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const std::vector<Tensor> in = autocast::cast_inputs("layer_norm", {x, weight, bias});
-  return norm_op(NormKind::layer, in[0], in[1], in[2], eps);
+  return norm_op(NormKind::layer, in[0], in[1], in[2], eps, in[0].dtype());
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype) {
+  const std::vector<Tensor> in = autocast::cast_inputs("layer_norm", {x, weight, bias});
+  return norm_op(NormKind::layer, in[0], in[1], in[2], eps, out_dtype);
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const std::vector<Tensor> in = autocast::cast_inputs("rms_norm", {x, weight});
-  return norm_op(NormKind::rms, in[0], in[1], Tensor(), eps);
+  return norm_op(NormKind::rms, in[0], in[1], Tensor(), eps, in[0].dtype());
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out_dtype) {
+  const std::vector<Tensor> in = autocast::cast_inputs("rms_norm", {x, weight});
+  return norm_op(NormKind::rms, in[0], in[1], Tensor(), eps, out_dtype);
 }
 
 }  // namespace mt

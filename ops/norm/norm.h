@@ -26,4 +26,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // x: [..., C]; weight: [C] or undefined. Returns [..., C].
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
+// The same, with y written in out_dtype: statistics and math stay in acc_t, and y is
+// rounded once, as it is stored. An f32 x (the residual stream under autocast) with a
+// bf16/f16 out_dtype is the input a following GEMM wants: on CUDA one kernel writes it
+// (no f32 y, no cast pass) and backward reads the half gradient directly; the values
+// equal layer_norm(...).to(out_dtype) and its gradients bit for bit. Other dtype pairs
+// compute in x's dtype and convert.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out_dtype);
+
 }  // namespace mt

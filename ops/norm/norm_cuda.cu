@@ -4,6 +4,7 @@
 // (column tiles of 32 threads, so reads are coalesced), then one pass summing
 // the groups per column; deterministic, no atomics.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
@@ -21,14 +22,16 @@ constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient blo
 constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
 constexpr int kFinalRows = 16;      // group rows in flight per block of the final sum (threadIdx.y)
 
-template <typename T, NormKind kKind>
-__global__ void norm_forward_kernel(T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight,
+// y is written as Y: x's dtype, or a half type for an f32 x (the next GEMM's input,
+// rounded once on the store instead of by a separate cast).
+template <typename T, typename Y, NormKind kKind>
+__global__ void norm_forward_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight,
                                     const T* bias, int64_t rows, int64_t cols, acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    Y* yr = y + r * cols;
     A mu = 0;
     if constexpr (kKind == NormKind::layer) {
       A s = 0;
@@ -50,20 +53,21 @@ __global__ void norm_forward_kernel(T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out
       A v = (convert<A>(xr[c]) - mu) * rs;
       if (weight != nullptr) v *= convert<A>(weight[c]);
       if (bias != nullptr) v += convert<A>(bias[c]);
-      yr[c] = convert<T>(v);
+      yr[c] = convert<Y>(v);
     }
   }
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMS: no mean(g) term).
-template <typename T, NormKind kKind>
-__global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
+// dy is read as G: x's dtype, or the half type a forward with a half y gave.
+template <typename T, typename G, NormKind kKind>
+__global__ void norm_backward_dx_kernel(T* dx, const G* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
                                         const T* weight, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   const A inv_cols = A(1) / static_cast<A>(cols);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* gr = dy + r * cols;
+    const G* gr = dy + r * cols;
     const T* xr = x + r * cols;
     T* dr = dx + r * cols;
     const A mu = kKind == NormKind::layer ? mean[r] : A(0);
@@ -89,8 +93,8 @@ __global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const ac
 // [blockIdx.x * kColTile, +kColTile) over rows blockIdx.y * kRowThreads + k *
 // gridDim.y * kRowThreads (+ threadIdx.y), into dweight_part / dbias_part
 // [gridDim.y, cols] at row blockIdx.y. A null partial buffer is skipped.
-template <typename T, NormKind kKind>
-__global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbias_part, const T* dy, const T* x,
+template <typename T, typename G, NormKind kKind>
+__global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbias_part, const G* dy, const T* x,
                                           const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   __shared__ A sw[kRowThreads][kColTile + 1];
@@ -143,17 +147,37 @@ __global__ void sum_groups_kernel(T* out, const acc_t<T>* part, int64_t groups, 
   }
 }
 
+// fn(tag of T, tag of IO): T is x's type (and the gradients'); IO is y's type in
+// forward and dy's in backward: T itself, or Half / BFloat16 when T is float.
+template <typename Fn>
+void dispatch_norm_io(DType x_dtype, DType io_dtype, const char* name, Fn&& fn) {
+  dispatch_floating(x_dtype, name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (io_dtype == x_dtype) {
+      fn(tag, tag);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (io_dtype == DType::bf16) return fn(tag, TypeTag<BFloat16>{});
+      if (io_dtype == DType::f16) return fn(tag, TypeTag<Half>{});
+    }
+    MT_INTERNAL_ASSERT(false, "no ", name, " kernel for x ", dtype_name(x_dtype), " with y / dy ",
+                       dtype_name(io_dtype));
+  });
+}
+
 template <NormKind kKind>
 void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                     const Tensor& bias, double eps) {
   const int64_t rows = x.shape()[0], cols = x.shape()[1];
   if (rows == 0) return;
   const cuda::Stream stream = cuda::current_stream(x.device().index);
-  dispatch_floating(x.dtype(), name_of(kKind), [&](auto tag) {
+  dispatch_norm_io(x.dtype(), y.dtype(), name_of(kKind), [&](auto tag, auto io_tag) {
     using T = typename decltype(tag)::type;
+    using Y = typename decltype(io_tag)::type;
     using A = acc_t<T>;
-    norm_forward_kernel<T, kKind><<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
-        static_cast<T*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
+    norm_forward_kernel<T, Y, kKind><<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
+        static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
         static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows, cols,
         static_cast<A>(eps));
     MT_CUDA_CHECK_LAUNCH();
@@ -165,13 +189,17 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
                      const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
   const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
   const cuda::Stream stream = cuda::current_stream(dy.device().index);
-  dispatch_floating(dy.dtype(), name_of(kKind), [&](auto tag) {
+  // The gradients have x's dtype (x itself is not saved when only dbias is wanted).
+  const Tensor& any_grad = dx.defined() ? dx : dweight.defined() ? dweight : dbias;
+  if (!any_grad.defined()) return;
+  dispatch_norm_io(any_grad.dtype(), dy.dtype(), name_of(kKind), [&](auto tag, auto io_tag) {
     using T = typename decltype(tag)::type;
+    using G = typename decltype(io_tag)::type;
     using A = acc_t<T>;
     if (dx.defined() && rows > 0) {
-      norm_backward_dx_kernel<T, kKind>
+      norm_backward_dx_kernel<T, G, kKind>
           <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
-              static_cast<T*>(dx.data_ptr()), static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              static_cast<T*>(dx.data_ptr()), static_cast<const G*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
               data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows, cols);
       MT_CUDA_CHECK_LAUNCH();
     }
@@ -184,8 +212,8 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
     const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
     const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
     const dim3 block(kColTile, kRowThreads);
-    norm_param_partial_kernel<T, kKind><<<grid, block, 0, stream.handle()>>>(
-        mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const T*>(dy.data_ptr()),
+    norm_param_partial_kernel<T, G, kKind><<<grid, block, 0, stream.handle()>>>(
+        mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()),
         data_or_null<T>(x), data_or_null<A>(mean), data_or_null<A>(rstd), rows, cols);
     MT_CUDA_CHECK_LAUNCH();
     const unsigned final_blocks = static_cast<unsigned>((cols + kColTile - 1) / kColTile);

@@ -1,6 +1,7 @@
 // Internal: the fused norm kernels. x, y, dy, dx are contiguous rows [rows, C];
 // weight, bias, dweight, dbias are contiguous [C] of x's dtype; mean and rstd
-// are [rows] in the accumulation dtype (f32, or f64 for f64 inputs).
+// are [rows] in the accumulation dtype (f32, or f64 for f64 inputs). y and dy
+// have x's dtype, except that on CUDA an f32 x may come with a bf16/f16 y or dy.
 // RMS norm is layer norm with the mean fixed at 0 and no bias: `mean` is
 // undefined for it. An undefined weight / bias means "no affine term"; an
 // undefined dx / dweight / dbias means "not needed"; x, mean and rstd are read

@@ -430,6 +430,56 @@ TEST(LinearCrossEntropy, ErrorsNameTheOpAndShapes) {
   expect_contains(error_of([&] { linear_cross_entropy(x, w, t, none); }), {"linear_cross_entropy", "none"});
 }
 
+// layer_norm / rms_norm with a half out_dtype against the f32 op followed by a cast:
+// the output and every gradient (from the same half upstream gradient) bit for bit.
+// On CUDA this compares the fused kernel (half y written from registers, half dy read)
+// with the f32 kernels and separate casts.
+void expect_half_output_equals_cast(Device device) {
+  Generator gen(21);
+  for (const bool rms : {false, true}) {
+    for (const DType half : {DType::bf16, DType::f16}) {
+      const Tensor x0 = raw::to(randn({150, 36}, DType::f32, &gen) * 2.0 + 0.5, device);
+      const Tensor w0 = raw::to(randn({36}, DType::f32, &gen), device);
+      const Tensor b0 = raw::to(randn({36}, DType::f32, &gen), device);
+      const Tensor dy = raw::to(randn({150, 36}, half, &gen), device);
+      std::vector<std::vector<double>> results[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+        Tensor y;
+        if (rms) {
+          y = fused ? rms_norm(x, w, 1e-5, half) : rms_norm(x, w, 1e-5).to(half);
+        } else {
+          y = fused ? layer_norm(x, w, b, 1e-5, half) : layer_norm(x, w, b, 1e-5).to(half);
+        }
+        ASSERT_EQ(y.dtype(), half);
+        y.backward(dy);
+        results[fused] = {y.to_vector<double>(), x.grad().to_vector<double>(), w.grad().to_vector<double>()};
+        if (!rms) results[fused].push_back(b.grad().to_vector<double>());
+      }
+      const char* names[] = {"y", "dx", "dweight", "dbias"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        EXPECT_EQ(results[1][i], results[0][i])
+            << (rms ? "rms_norm " : "layer_norm ") << dtype_name(half) << " " << names[i] << " on " << device.str();
+      }
+    }
+  }
+}
+
+TEST(LayerNorm, HalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
+  expect_half_output_equals_cast(Device("cpu"));
+}
+
+TEST(LayerNorm, CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_half_output_equals_cast(cuda_device(0));
+}
+
+TEST(LayerNorm, OutputDtypeMustBeFloating) {
+  const Tensor x = randn({2, 4});
+  expect_contains(error_of([&] { layer_norm(x, Tensor(), Tensor(), 1e-5, DType::i64); }),
+                  {"layer_norm", "output dtype", "i64"});
+}
+
 TEST(LayerNorm, RowsHaveZeroMeanAndUnitVarianceWithoutAffine) {
   Generator gen(10);
   for (DType dtype : {DType::f64, DType::f32}) {
