@@ -17,6 +17,12 @@ void binary_cuda(const Tensor& out, const Tensor& a, const Tensor& b, const char
 template <typename Op>
 void ternary_cuda(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c, const char* name, Op op);
 
+// CUDA only: out (f32) = op(a, b) where a or b is f16/bf16 and the other f32 (or half),
+// all dense and of out's shape, the half inputs widened in registers (the values of
+// widening them first). Returns false, having done nothing, when that does not hold.
+template <typename Op>
+bool binary_f32_from_mixed_cuda(const Tensor& out, const Tensor& a, const Tensor& b, Op op);
+
 [[noreturn]] void throw_no_cuda(const char* op);
 
 template <typename Op>

@@ -79,7 +79,75 @@ void launch_packed(const Stream& stream, T* out, int64_t n, Op op, const In*... 
 // Dense and 16-byte aligned: the packed kernels can read and write t.
 inline bool packable(const Tensor& t) { return t.is_contiguous() && aligned_to(t.data_ptr(), 16); }
 
+// out (f32) = op(a, b) over dense operands of which one or both are f16/bf16: packs of 4
+// elements (16 bytes of f32, 8 of a half type), the half ones converted in registers.
+template <typename Op, typename TA, typename TB>
+__global__ void f32_from_mixed_kernel(float* out, const TA* a, const TB* b, int64_t n, Op op) {
+  constexpr int N = 4;
+  for_each_pack<N>(
+      n,
+      [&](int64_t i) {
+        const Pack<TA, N> x = reinterpret_cast<const Pack<TA, N>*>(a)[i];
+        const Pack<TB, N> y = reinterpret_cast<const Pack<TB, N>*>(b)[i];
+        Pack<float, N> r;
+#pragma unroll
+        for (int k = 0; k < N; ++k) r.v[k] = op(convert<float>(x.v[k]), convert<float>(y.v[k]));
+        reinterpret_cast<Pack<float, N>*>(out)[i] = r;
+      },
+      [&](int64_t i) { out[i] = op(convert<float>(a[i]), convert<float>(b[i])); });
+}
+
+// Calls fn(TypeTag<T>) for an f32, f16 or bf16 dtype; false for any other.
+template <typename Fn>
+bool dispatch_f32_or_half(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32:
+      fn(TypeTag<float>{});
+      return true;
+    case DType::f16:
+      fn(TypeTag<Half>{});
+      return true;
+    case DType::bf16:
+      fn(TypeTag<BFloat16>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace loops_detail
+
+// out = op(a, b) for an f32 out whose inputs mix f32 with f16/bf16 (the residual stream
+// plus a GEMM's output under autocast), without first widening the half input into a
+// temporary: the same values as that widening, half the bytes. Applies only when a, b
+// and out are dense, of out's shape and aligned for the packs; returns false (having done
+// nothing) otherwise, and when neither input is a half type.
+template <typename Op>
+bool map_binary_f32_from_mixed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
+  const auto half = [](DType d) { return d == DType::f16 || d == DType::bf16; };
+  if (out.dtype() != DType::f32 || !(half(a.dtype()) || half(b.dtype()))) return false;
+  if (a.shape() != out.shape() || b.shape() != out.shape()) return false;
+  const auto dense = [](const Tensor& t) {
+    return t.is_contiguous() && aligned_to(t.data_ptr(), 4 * element_size(t.dtype()));
+  };
+  if (!dense(out) || !dense(a) || !dense(b)) return false;
+  const int64_t n = out.numel();
+  if (n == 0) return true;
+  const Stream stream = current_stream(out.device().index);
+  bool launched = false;
+  loops_detail::dispatch_f32_or_half(a.dtype(), [&](auto a_tag) {
+    loops_detail::dispatch_f32_or_half(b.dtype(), [&](auto b_tag) {
+      using TA = typename decltype(a_tag)::type;
+      using TB = typename decltype(b_tag)::type;
+      loops_detail::f32_from_mixed_kernel<Op, TA, TB><<<grid_for(n / 4 + 1), kBlockSize, 0, stream.handle()>>>(
+          static_cast<float*>(out.data_ptr()), static_cast<const TA*>(a.data_ptr()),
+          static_cast<const TB*>(b.data_ptr()), n, op);
+      MT_CUDA_CHECK_LAUNCH();
+      launched = true;
+    });
+  });
+  return launched;
+}
 
 template <typename Op>
 void map_unary(const Tensor& out, const Tensor& in, const char* name, Op op) {

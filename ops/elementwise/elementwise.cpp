@@ -35,6 +35,10 @@ Tensor map_binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
   const DType dtype = promote_types(a.dtype(), b.dtype());
   const Shape shape = raw::broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = empty(shape, TensorOptions().dtype(dtype).device(a.device()));
+#if MT_WITH_CUDA
+  // f32 with f16/bf16 (autocast's residual adds): the half input is widened in registers.
+  if (out.is_cuda() && a.dtype() != b.dtype() && ops::binary_f32_from_mixed_cuda(out, a, b, op)) return out;
+#endif
   ops::run_binary(out, raw::expand(ops::as_dtype(a, dtype), shape), raw::expand(ops::as_dtype(b, dtype), shape), name,
                   op);
   return out;

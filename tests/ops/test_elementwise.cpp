@@ -122,6 +122,39 @@ TEST(Elementwise, GradientOfPromotedInputKeepsItsDtype) {
   EXPECT_EQ(b.grad().dtype(), DType::f32);
 }
 
+// On CUDA an f32 with an f16/bf16 operand of the same shape runs one kernel that widens
+// the half input in registers: the values must be those of widening it first, in either
+// operand order, with a tail of a partial pack, and for a misaligned view (which takes
+// the general path).
+TEST(Elementwise, CudaF32WithHalfOperandEqualsWideningItFirst) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(31);
+  const Device cuda = cuda_device(0);
+  using Fn = Tensor (*)(const Tensor&, const Tensor&);
+  const std::pair<const char*, Fn> ops[] = {{"add", &add}, {"sub", &sub}, {"mul", &mul}, {"div", &div}};
+  for (const DType half : {DType::bf16, DType::f16}) {
+    const Tensor wide = uniform({1038}, 0.5, 2.0, DType::f32, &gen).to(cuda);
+    const Tensor narrow_base = uniform({1038}, 0.5, 2.0, half, &gen).to(cuda);
+    for (const int64_t offset : {0, 1}) {  // 1: a view the packs cannot read
+      const Tensor a = wide.narrow(0, offset, 1037), b = narrow_base.narrow(0, offset, 1037);
+      for (const auto& [name, op] : ops) {
+        const Tensor b32 = b.to(DType::f32);
+        EXPECT_EQ(op(a, b).to_vector<double>(), op(a, b32).to_vector<double>())
+            << name << " f32 with " << dtype_name(half) << ", offset " << offset;
+        EXPECT_EQ(op(b, a).to_vector<double>(), op(b32, a).to_vector<double>())
+            << name << " " << dtype_name(half) << " with f32, offset " << offset;
+        EXPECT_EQ(op(b, a).dtype(), DType::f32);
+      }
+    }
+  }
+  // The half operand's gradient comes back in its dtype.
+  Tensor x = randn({64}, DType::f32, &gen).to(cuda).requires_grad_();
+  Tensor h = randn({64}, DType::bf16, &gen).to(cuda).requires_grad_();
+  sum(add(x, h)).backward();
+  EXPECT_EQ(h.grad().dtype(), DType::bf16);
+  EXPECT_EQ(h.grad().to_vector<double>(), std::vector<double>(64, 1.0));
+}
+
 TEST(Elementwise, ValuesMatchTheFormulas) {
   const Tensor x = from_vector({-1.0, 0.5, 2.0}, {3}, DType::f64);
   const std::vector<double> g = gelu(x).to_vector<double>();
