@@ -86,8 +86,19 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
                          (b.size(0) == batch || b.size(0) == 1),
                      "gemm: shapes do not match: out ", describe(out), ", op(a) ", describe(a), ", op(b) ",
                      describe(b));
-  if (out.numel() == 0) return;
+  // The row sums of op(a) by a reduction: on the CPU, and wherever the epilogue cannot serve.
+  const auto reduce_row_sums = [&] {
+    if (!args.a_row_sums.defined()) return;
+    NoGradGuard no_grad;
+    Tensor target = args.a_row_sums;
+    target.copy_(sum(raw::narrow(a, 0, 0, 1), {0, 2}));  // op(a) [1, M, K] -> [M]
+  };
+  if (out.numel() == 0) {
+    reduce_row_sums();
+    return;
+  }
   if (k == 0) {  // an empty sum: out = beta * out (or the bias)
+    reduce_row_sums();
     Tensor target = out;
     if (args.bias.defined()) {
       target.copy_(raw::expand(args.bias, out.shape()));
@@ -101,6 +112,15 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   }
 
   GemmProblem p;
+  const bool row_sums = args.a_row_sums.defined();
+  if (row_sums) {
+    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && args.a_row_sums.dim() == 1 &&
+                           args.a_row_sums.size(0) == m && args.a_row_sums.dtype() == out.dtype() &&
+                           args.a_row_sums.device() == out.device() && args.a_row_sums.is_contiguous(),
+                       "gemm: row sums ", describe(args.a_row_sums), " for out ", describe(out));
+    if (out.is_cuda() && reinterpret_cast<uintptr_t>(args.a_row_sums.data_ptr()) % 16 == 0)
+      p.a_row_sums = args.a_row_sums;
+  }
   if (args.bias.defined()) {
     MT_INTERNAL_ASSERT(args.beta == 0.0 && args.bias.dim() == 1 && args.bias.size(0) == n &&
                            args.bias.dtype() == out.dtype() && args.bias.device() == out.device(),
@@ -133,15 +153,17 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       (out.stride(2) == 1 || n == 1) && p.c.ld >= n && (batch == 1 || p.c.batch_stride >= (m - 1) * p.c.ld + n),
       "gemm: the output must be row-major and non-overlapping, got strides ", shape_str(out.strides()), " for ",
       describe(out));
+  bool sums_written = false;
   if (out.is_cuda()) {
 #if MT_WITH_CUDA
-    gemm_cuda(p);
+    sums_written = gemm_cuda(p) && p.a_row_sums.defined();
 #else
     throw_no_cuda("matmul");
 #endif
   } else {
     gemm_cpu(p);
   }
+  if (row_sums && !sums_written) reduce_row_sums();
 }
 
 }  // namespace ops
@@ -359,9 +381,17 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
           }
           if (self.needs_input_grad(1)) {  // dW [out, in] = dy^T [out, P] @ x [P, in]
             const Tensor xf = raw::reshape(ops::as_dtype(self.unpack(0), dtype), {rows, in});
-            gw = product(dy, Transpose::yes, xf, Transpose::no);
+            gw = empty({out_features, in}, ops::options_of(dy));
+            GemmArgs args;
+            args.transpose_a = Transpose::yes;
+            if (self.needs_input_grad(2)) {  // db [out] = the row sums of dy^T, formed by the same GEMM
+              gb = empty({out_features}, ops::options_of(dy));
+              args.a_row_sums = gb;
+            }
+            ops::gemm(raw::unsqueeze(gw, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(xf, 0), args);
+          } else if (self.needs_input_grad(2)) {
+            gb = sum(dy, {0});  // [out]
           }
-          if (self.needs_input_grad(2)) gb = sum(dy, {0});  // [out]
           return std::vector<Tensor>{gx, gw, gb};
         });
     // x is read only for dW, W only for dx.

@@ -158,11 +158,12 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
 // strides, alignments).
-using AlgoKey = std::array<int64_t, 21>;
+using AlgoKey = std::array<int64_t, 22>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
   size_t workspace_bytes;
+  bool available;  // false: the heuristic had nothing for this epilogue (asked once, remembered)
 };
 
 std::mutex& algo_mutex() {
@@ -179,8 +180,9 @@ std::string describe_problem(const GemmProblem& p) {
                          dtype_name(p.c.tensor.dtype()), " on ", p.c.tensor.device().str());
 }
 
+// Returns false when the row-sum epilogue was asked for and no algorithm has it.
 template <typename T>
-void gemm_typed(const GemmProblem& p) {
+bool gemm_typed(const GemmProblem& p) {
   constexpr bool f64 = std::is_same_v<T, double>;
   using Scale = std::conditional_t<f64, double, float>;
   constexpr cudaDataType_t type = cuda_type<T>();
@@ -211,6 +213,21 @@ void gemm_typed(const GemmProblem& p) {
   // A bias over our columns is, in the swapped problem, a bias over cuBLASLt's rows:
   // exactly what its BIAS epilogue adds (one vector for every batch entry).
   const bool with_bias = p.bias.defined();
+  // Row sums of our op(a) are, in the swapped problem, sums of cuBLASLt's op(B) over k
+  // for each of its n columns: the BGRADB epilogue (a bias gradient beside dW = dy^T x).
+  const bool with_row_sums = p.a_row_sums.defined();
+  MT_INTERNAL_ASSERT(!(with_bias && with_row_sums), "matmul: a bias and row sums together");
+  if (with_row_sums) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    const void* sums_ptr = p.a_row_sums.data_ptr();
+    const cudaDataType_t sums_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &sums_ptr, sizeof(sums_ptr)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &sums_type, sizeof(sums_type)));
+  }
   if (with_bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const void* bias_ptr = p.bias.data_ptr();
@@ -248,7 +265,8 @@ void gemm_typed(const GemmProblem& p) {
                        static_cast<int64_t>(compute),
                        static_cast<int64_t>(c_type),
                        with_bias ? 1 : 0,
-                       with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0};
+                       with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
+                       with_row_sums ? 1 : 0};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -280,11 +298,13 @@ void gemm_typed(const GemmProblem& p) {
     MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(),
                                                    layout_c.get(), raw_pref, /*requestedAlgoCount=*/1, &result,
                                                    &found));
-    MT_CHECK(found > 0, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
-    choice = AlgoChoice{result.algo, result.workspaceSize};
+    // An epilogue narrows the choice; without one cuBLASLt always has an algorithm.
+    MT_CHECK(found > 0 || with_row_sums, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
+    choice = AlgoChoice{result.algo, result.workspaceSize, found > 0};
     std::lock_guard<std::mutex> lock(algo_mutex());
     algo_cache().emplace(key, choice);
   }
+  if (!choice.available) return false;
   MT_INTERNAL_ASSERT(choice.workspace_bytes <= kWorkspaceBytes, "matmul: the heuristic asked for ",
                      choice.workspace_bytes, " bytes of workspace");
 
@@ -293,13 +313,22 @@ void gemm_typed(const GemmProblem& p) {
   MT_CUBLAS_CHECK(cublasLtMatmul(handle, raw_desc, &alpha, lt_a.data, layout_a.get(), lt_b.data, layout_b.get(), &beta,
                                  c, layout_c.get(), c, layout_c.get(), &choice.algo, workspace_for(device, stream),
                                  kWorkspaceBytes, stream.handle()));
+  return true;
 }
 
 }  // namespace
 
-void gemm_cuda(const GemmProblem& p) {
+bool gemm_cuda(const GemmProblem& p) {
   // Dispatched on the inputs' dtype: C may be f32 for f16/bf16 inputs (see gemm_typed).
-  dispatch_floating(p.a.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(p); });
+  bool done = true;
+  dispatch_floating(p.a.tensor.dtype(), "matmul",
+                    [&](auto tag) { done = gemm_typed<typename decltype(tag)::type>(p); });
+  if (done) return true;
+  // No algorithm with the row-sum epilogue: the product alone (the caller reduces).
+  GemmProblem plain = p;
+  plain.a_row_sums = Tensor();
+  dispatch_floating(p.a.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(plain); });
+  return false;
 }
 
 }  // namespace mt::ops

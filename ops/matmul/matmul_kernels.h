@@ -29,6 +29,11 @@ struct GemmArgs {
   // [N] in out's dtype, added to every row of out (beta must be 0). On CUDA it is
   // cuBLASLt's bias epilogue, applied as the tile is stored: no extra pass over out.
   Tensor bias;
+  // [M] in out's dtype, written with the row sums of op(a): sum over k of op(a)[i, k]
+  // (batch 1, beta 0, no bias). With op(a) = dy^T this is a linear layer's bias
+  // gradient beside its weight gradient; on CUDA cuBLASLt's BGRADB epilogue forms it
+  // while it reads dy for the GEMM, instead of a second pass over dy.
+  Tensor a_row_sums;
 };
 
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
@@ -60,10 +65,13 @@ struct GemmProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   MatrixOperand a, b, c;
   double alpha = 1.0, beta = 0.0;
-  Tensor bias;  // CUDA only: [n], c's dtype, contiguous; undefined for none
+  Tensor bias;        // CUDA only: [n], c's dtype, contiguous; undefined for none
+  Tensor a_row_sums;  // CUDA only: [m], c's dtype, contiguous, 16-byte aligned; undefined for none
 };
 
 void gemm_cpu(const GemmProblem& p);
-void gemm_cuda(const GemmProblem& p);
+// Returns false when a_row_sums was asked for and cuBLASLt has no algorithm with that
+// epilogue for this problem: the product is then written and the sums are not.
+bool gemm_cuda(const GemmProblem& p);
 
 }  // namespace mt::ops

@@ -73,6 +73,12 @@ MT_OP_CASE(OpCase("linear", "linear_no_bias").inputs({{3, 4}, {5, 4}}).compute([
 MT_OP_CASE(OpCase("linear", "linear_3d_input").inputs({{2, 3, 4}, {5, 4}, {5}}).compute([](const In& x) {
   return linear(x[0], x[1], x[2]);
 }));
+// Tile-sized: on CUDA the bias gradient comes from the weight-gradient GEMM's epilogue
+// (cuBLASLt BGRADB), summing 4 x 64 rows of dy for 96 outputs.
+MT_OP_CASE(OpCase("linear", "linear_bias_epilogue_sized")
+               .inputs({{4, 64, 32}, {96, 32}, {96}})
+               .compute([](const In& x) { return linear(x[0], x[1], x[2]); })
+               .no_gradcheck("linear_bias checks the same formulas in f64; this case sizes the CUDA epilogue"));
 MT_OP_CASE(OpCase("linear", "linear_1d_input").inputs({{4}, {3, 4}, {3}}).compute([](const In& x) {
   return linear(x[0], x[1], x[2]);
 }));
