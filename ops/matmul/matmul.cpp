@@ -335,69 +335,190 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
 
 // ---- linear ----
 
+namespace {
+
+// linear's checks (also lora_linear's for its base); returns the promoted dtype.
+DType check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  ops::check_floating(op, x);
+  ops::check_floating(op, weight);
+  ops::check_same_device(op, x, weight);
+  MT_CHECK_T(ShapeError, weight.dim() == 2, op, ": weight must be 2-D [out, in], got ", ops::describe(weight));
+  MT_CHECK_T(ShapeError, x.dim() >= 1, op, ": input must have at least one dimension [..., in], got ",
+             ops::describe(x));
+  MT_CHECK_T(ShapeError, x.size(-1) == weight.size(1), op, ": input ", shape_str(x.shape()), " and weight ",
+             shape_str(weight.shape()), " cannot be multiplied (in features: ", x.size(-1), " != ", weight.size(1),
+             ")");
+  DType dtype = promote_types(x.dtype(), weight.dtype());
+  if (bias.defined()) {
+    ops::check_floating(op, bias);
+    ops::check_same_device(op, x, bias);
+    MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": bias must have shape [",
+               weight.size(0), "] to match weight ", shape_str(weight.shape()), ", got ", shape_str(bias.shape()));
+    dtype = promote_types(dtype, bias.dtype());
+  }
+  return dtype;
+}
+
+// y [1, P, out] = x [P, in] W^T + b, no recording; the bias in the GEMM's epilogue on CUDA.
+void linear_forward(const Tensor& out3, const Tensor& x, const Tensor& weight, const Tensor& bias, DType dtype,
+                    int64_t rows, int64_t in) {
+  GemmArgs args;
+  args.transpose_b = Transpose::yes;
+  if (bias.defined()) args.bias = ops::as_dtype(bias, dtype);
+  ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
+            args);
+}
+
+struct LinearGrads {
+  Tensor x, weight, bias;
+};
+
+// The base layer's gradients from dy [P, out]: dx = dy W, dW = dy^T x and db = the row
+// sums of dy^T, formed by the dW GEMM itself (or a reduction when dW is not wanted).
+LinearGrads linear_backward(const Tensor& dy, const Tensor& x_saved, const Tensor& w_saved, bool want_x, bool want_w,
+                            bool want_b, int64_t in) {
+  const int64_t rows = dy.size(0), out_features = dy.size(1);
+  const DType dtype = dy.dtype();
+  LinearGrads grads;
+  if (want_x) grads.x = product(dy, Transpose::no, ops::as_dtype(w_saved, dtype), Transpose::no);  // [P, in]
+  if (want_w) {
+    const Tensor xf = raw::reshape(ops::as_dtype(x_saved, dtype), {rows, in});
+    grads.weight = empty({out_features, in}, ops::options_of(dy));
+    GemmArgs args;
+    args.transpose_a = Transpose::yes;
+    if (want_b) {
+      grads.bias = empty({out_features}, ops::options_of(dy));
+      args.a_row_sums = grads.bias;
+    }
+    ops::gemm(raw::unsqueeze(grads.weight, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(xf, 0), args);
+  } else if (want_b) {
+    grads.bias = sum(dy, {0});  // [out]
+  }
+  return grads;
+}
+
+// The leading dims of x, flattened: the rows of a linear layer's GEMMs.
+int64_t leading_rows(const Tensor& x) { return shape_numel(Shape(x.shape().begin(), x.shape().end() - 1)); }
+
+// A node's saved tensor i, or undefined when it was not saved (not needed).
+Tensor saved_or_none(const LambdaNode& node, size_t i) { return node.saved[i].defined() ? node.unpack(i) : Tensor(); }
+
+Shape leading_dims_and(const Tensor& x, int64_t last) {
+  Shape shape(x.shape().begin(), x.shape().end() - 1);
+  shape.push_back(last);
+  return shape;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const std::vector<Tensor> cast = autocast::cast_inputs("linear", {x_in, weight_in, bias_in});
   const Tensor& x = cast[0];
   const Tensor& weight = cast[1];
   const Tensor& bias = cast[2];
-  ops::check_floating("linear", x);
-  ops::check_floating("linear", weight);
-  ops::check_same_device("linear", x, weight);
-  MT_CHECK_T(ShapeError, weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", ops::describe(weight));
-  MT_CHECK_T(ShapeError, x.dim() >= 1, "linear: input must have at least one dimension [..., in], got ",
-             ops::describe(x));
-  MT_CHECK_T(ShapeError, x.size(-1) == weight.size(1), "linear: input ", shape_str(x.shape()), " and weight ",
-             shape_str(weight.shape()), " cannot be multiplied (in features: ", x.size(-1), " != ", weight.size(1),
-             ")");
-  DType dtype = promote_types(x.dtype(), weight.dtype());
-  if (bias.defined()) {
-    ops::check_floating("linear", bias);
-    ops::check_same_device("linear", x, bias);
-    MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must have shape [",
-               weight.size(0), "] to match weight ", shape_str(weight.shape()), ", got ", shape_str(bias.shape()));
-    dtype = promote_types(dtype, bias.dtype());
-  }
+  const DType dtype = check_linear("linear", x, weight, bias);
   const int64_t in = weight.size(1), out_features = weight.size(0);
-  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-  const int64_t rows = shape_numel(out_shape);  // the leading dims of x, flattened
-  out_shape.push_back(out_features);
-  Tensor out = empty(out_shape, TensorOptions().dtype(dtype).device(x.device()));
-  Tensor out3 = raw::view(out, {1, rows, out_features});
-  GemmArgs args;
-  args.transpose_b = Transpose::yes;
-  if (bias.defined()) args.bias = ops::as_dtype(bias, dtype);  // fused into the GEMM's epilogue on CUDA
-  ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
-            args);
+  const int64_t p = leading_rows(x);
+  Tensor out = empty(leading_dims_and(x, out_features), TensorOptions().dtype(dtype).device(x.device()));
+  linear_forward(raw::view(out, {1, p, out_features}), x, weight, bias, dtype, p, in);
 
   if (autograd::needs_grad({x, weight, bias})) {
-    auto node = std::make_shared<LambdaNode>(
-        "LinearBackward", [rows, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
-          const Tensor dy = raw::reshape(g[0], {rows, out_features});  // [P, out]
-          const DType dtype = dy.dtype();
-          Tensor gx, gw, gb;
-          if (self.needs_input_grad(0)) {  // dx [P, in] = dy [P, out] @ W [out, in]
-            gx = product(dy, Transpose::no, ops::as_dtype(self.unpack(1), dtype), Transpose::no)
-                     .reshape(self.input_meta[0].shape);
-          }
-          if (self.needs_input_grad(1)) {  // dW [out, in] = dy^T [out, P] @ x [P, in]
-            const Tensor xf = raw::reshape(ops::as_dtype(self.unpack(0), dtype), {rows, in});
-            gw = empty({out_features, in}, ops::options_of(dy));
-            GemmArgs args;
-            args.transpose_a = Transpose::yes;
-            if (self.needs_input_grad(2)) {  // db [out] = the row sums of dy^T, formed by the same GEMM
-              gb = empty({out_features}, ops::options_of(dy));
-              args.a_row_sums = gb;
-            }
-            ops::gemm(raw::unsqueeze(gw, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(xf, 0), args);
-          } else if (self.needs_input_grad(2)) {
-            gb = sum(dy, {0});  // [out]
-          }
-          return std::vector<Tensor>{gx, gw, gb};
-        });
+    auto node = std::make_shared<LambdaNode>("LinearBackward", [p, in, out_features](const std::vector<Tensor>& g,
+                                                                                     const LambdaNode& self) {
+      const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
+      LinearGrads grads = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
+                                          self.needs_input_grad(1), self.needs_input_grad(2), in);
+      if (grads.x.defined()) grads.x = grads.x.reshape(self.input_meta[0].shape);
+      return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
+    });
     // x is read only for dW, W only for dx.
     node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
     node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
     autograd::record(node, {x, weight, bias}, {out});
+  }
+  return out;
+}
+
+Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_in, const Tensor& bias_in,
+                   const Tensor& a_in, const Tensor& b_in, double scale) {
+  const std::vector<Tensor> cast = autocast::cast_inputs("lora_linear", {x_in, h_in, weight_in, bias_in, a_in, b_in});
+  const Tensor &x = cast[0], &h = cast[1], &weight = cast[2], &bias = cast[3], &lora_a = cast[4], &lora_b = cast[5];
+  DType dtype = check_linear("lora_linear", x, weight, bias);
+  ops::check_floating("lora_linear", h);
+  ops::check_floating("lora_linear", lora_a);
+  ops::check_floating("lora_linear", lora_b);
+  ops::check_same_device("lora_linear", x, h);
+  ops::check_same_device("lora_linear", x, lora_a);
+  ops::check_same_device("lora_linear", x, lora_b);
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  MT_CHECK_T(ShapeError, h.shape() == x.shape(), "lora_linear: the adapter's input ", ops::describe(h),
+             " must have the shape of x ", ops::describe(x));
+  MT_CHECK_T(ShapeError, lora_a.dim() == 2 && lora_a.size(1) == in && lora_a.size(0) >= 1,
+             "lora_linear: lora_a must be [r, ", in, "] with r >= 1, got ", ops::describe(lora_a));
+  const int64_t r = lora_a.size(0);
+  MT_CHECK_T(ShapeError, lora_b.dim() == 2 && lora_b.size(0) == out_features && lora_b.size(1) == r,
+             "lora_linear: lora_b must be [", out_features, ", ", r, "] for weight ", shape_str(weight.shape()),
+             " and lora_a ", shape_str(lora_a.shape()), ", got ", ops::describe(lora_b));
+  dtype = promote_types(promote_types(dtype, h.dtype()), promote_types(lora_a.dtype(), lora_b.dtype()));
+  const int64_t p = leading_rows(x);
+  Tensor out = empty(leading_dims_and(x, out_features), TensorOptions().dtype(dtype).device(x.device()));
+  const Tensor out3 = raw::view(out, {1, p, out_features});
+  linear_forward(out3, x, weight, bias, dtype, p, in);
+  // t [P, r] = h A^T, then y += scale * t B^T by the GEMM itself (beta 1).
+  const Tensor t = empty({p, r}, TensorOptions().dtype(dtype).device(x.device()));
+  linear_forward(raw::unsqueeze(t, 0), h, lora_a, Tensor(), dtype, p, in);
+  GemmArgs accumulate;
+  accumulate.transpose_b = Transpose::yes;
+  accumulate.alpha = scale;
+  accumulate.beta = 1.0;
+  ops::gemm(out3, raw::unsqueeze(t, 0), raw::unsqueeze(ops::as_dtype(lora_b, dtype), 0), accumulate);
+
+  const std::vector<Tensor> inputs = {x, h, weight, bias, lora_a, lora_b};
+  if (autograd::needs_grad(inputs)) {
+    auto node = std::make_shared<LambdaNode>("LoraLinearBackward", [p, in, r, out_features, scale](
+                                                                       const std::vector<Tensor>& g,
+                                                                       const LambdaNode& self) {
+      const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
+      const DType dtype = dy.dtype();
+      const TensorOptions options = ops::options_of(dy);
+      LinearGrads base = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
+                                         self.needs_input_grad(2), self.needs_input_grad(3), in);
+      Tensor gh, ga, gb;
+      if (self.needs_input_grad(5)) {  // dB [out, r] = scale dy^T t
+        gb = empty({out_features, r}, options);
+        GemmArgs args;
+        args.transpose_a = Transpose::yes;
+        args.alpha = scale;
+        ops::gemm(raw::unsqueeze(gb, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(ops::as_dtype(self.unpack(2), dtype), 0),
+                  args);
+      }
+      if (self.needs_input_grad(1) || self.needs_input_grad(4)) {
+        // dt [P, r] = scale dy B
+        const Tensor dt = empty({p, r}, options);
+        GemmArgs args;
+        args.alpha = scale;
+        ops::gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0),
+                  args);
+        if (self.needs_input_grad(4)) {  // dA [r, in] = dt^T h
+          ga = product(dt, Transpose::yes, raw::reshape(ops::as_dtype(self.unpack(3), dtype), {p, in}), Transpose::no);
+        }
+        if (self.needs_input_grad(1)) {  // dh [P, in] = dt A
+          gh = product(dt, Transpose::no, ops::as_dtype(self.unpack(5), dtype), Transpose::no)
+                   .reshape(self.input_meta[1].shape);
+        }
+      }
+      if (base.x.defined()) base.x = base.x.reshape(self.input_meta[0].shape);
+      return std::vector<Tensor>{base.x, gh, base.weight, base.bias, ga, gb};
+    });
+    // Saved: x (dW), W (dx), t (dB), h (dA), B (dt), A (dh).
+    const bool need_dt = autograd::requires_grad(h) || autograd::requires_grad(lora_a);
+    node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(lora_b) ? SavedTensor(t) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(lora_a) ? SavedTensor(h) : SavedTensor());
+    node->saved.emplace_back(need_dt ? SavedTensor(lora_b) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(h) ? SavedTensor(lora_a) : SavedTensor());
+    autograd::record(node, inputs, {out});
   }
   return out;
 }

@@ -33,4 +33,16 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // with the leading dims of x and dy flattened into one.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// A linear layer with a LoRA adapter, y = x W^T + b + scale * (h A^T) B^T, in three GEMMs:
+// the base (bias in its epilogue), t = h A^T, and t B^T added onto y by the third GEMM
+// itself (alpha = scale, beta = 1): no separate adapter output, scaling or sum.
+//   x      [..., in]   the base's input
+//   h      [..., in]   the adapter's input: x, or x after dropout
+//   weight [out, in], bias [out] or undefined, lora_a [r, in], lora_b [out, r]
+// Gradients: the base's as linear's; dB = scale g^T t, dt = scale g B, dA = dt^T h,
+// dh = dt A (each only when needed; with h the same tensor as x the two sum).
+// Autocast treats it as linear.
+Tensor lora_linear(const Tensor& x, const Tensor& h, const Tensor& weight, const Tensor& bias, const Tensor& lora_a,
+                   const Tensor& lora_b, double scale);
+
 }  // namespace mt

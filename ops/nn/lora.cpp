@@ -287,10 +287,10 @@ LoRALinear::LoRALinear(const Linear& base, const LoRAOptions& options, std::stri
 }
 
 Tensor LoRALinear::forward(const Tensor& x) const {
-  Tensor y = linear(x, weight, bias);  // [..., out]
-  if (merged_) return y;
+  if (merged_) return linear(x, weight, bias);                   // [..., out]
   const Tensor h = dropout(x, options_.dropout, is_training());  // x itself when p = 0 or in eval
-  return add(y, mul(lora_B->forward(lora_A->forward(h)), scale_));
+  // One op: the adapter's product is added onto the base's output by its last GEMM.
+  return lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
 }
 
 Tensor LoRALinear::delta() const {

@@ -83,6 +83,14 @@ MT_OP_CASE(OpCase("linear", "linear_1d_input").inputs({{4}, {3, 4}, {3}}).comput
   return linear(x[0], x[1], x[2]);
 }));
 
+// ---- lora_linear: y = x W^T + b + scale (h A^T) B^T ----
+MT_OP_CASE(OpCase("lora_linear", "lora_linear_separate_adapter_input")
+               .inputs({{2, 3, 4}, {2, 3, 4}, {5, 4}, {5}, {2, 4}, {5, 2}})
+               .compute([](const In& x) { return lora_linear(x[0], x[1], x[2], x[3], x[4], x[5], 1.5); }));
+MT_OP_CASE(OpCase("lora_linear", "lora_linear_same_input_no_bias")  // h is x: dx sums both paths
+               .inputs({{3, 4}, {5, 4}, {3, 4}, {5, 3}})
+               .compute([](const In& x) { return lora_linear(x[0], x[0], x[1], Tensor(), x[2], x[3], 0.5); }));
+
 // ---- helpers ----
 
 // [..., M, K] @ [..., K, N] with equal batch dims (or none on b), by the definition, in f64.

@@ -183,7 +183,8 @@ TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
                                              "cross_entropy", "layer_norm", "rms_norm",    "embedding",
                                              "dropout",       "where",      "masked_fill", "cat",
                                              "stack",         "split",      "sdpa",        "linear_cross_entropy",
-                                             "sdpa_causal",   "conv2d",     "max_pool2d",  "avg_pool2d"};
+                                             "sdpa_causal",   "conv2d",     "max_pool2d",  "avg_pool2d",
+                                             "lora_linear"};
   std::set<std::string> covered;
   size_t gradchecked = 0;
   for (const OpCase& c : op_cases()) {
