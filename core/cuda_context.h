@@ -12,11 +12,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
-struct CUstream_st;  // cudaStream_t is CUstream_st*
-struct CUevent_st;   // cudaEvent_t is CUevent_st*
+struct CUstream_st;     // cudaStream_t is CUstream_st*
+struct CUevent_st;      // cudaEvent_t is CUevent_st*
+struct CUgraph_st;      // cudaGraph_t is CUgraph_st*
+struct CUgraphExec_st;  // cudaGraphExec_t is CUgraphExec_st*
 
 namespace mt::cuda {
 
@@ -127,5 +130,38 @@ enum class CopyKind { host_to_device, device_to_host, device_to_device };
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
 
 std::string format_bytes(size_t nbytes);  // "1.50 GiB"
+
+// ---- CUDA Graphs ----
+// Work recorded once on a stream and replayed with one launch: a step of many small
+// kernels costs one launch instead of one per kernel.
+//
+// capture() runs `body` once under stream capture (thread-local mode): its host code runs,
+// its device work on `stream` is recorded, not executed. Everything the body allocates it
+// must also free (intermediates become the graph's own memory, allocated and freed by each
+// replay at the same addresses), and it must not free a tensor made before the capture
+// (each replay would free it again). Results go into tensors made beforehand
+// (`loss_out.copy_(loss)`). capture() throws, saying which rule was broken, when the body
+// kept or freed such tensors, synchronised with the host (item(), a copy to the host) or
+// left work on another stream unjoined; nothing is captured then.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void capture(const Stream& stream, const std::function<void()>& body);
+  void replay(const Stream& stream) const;  // the recorded work, enqueued on `stream`
+  bool captured() const { return exec_ != nullptr; }
+  size_t nodes() const { return nodes_; }  // kernels, copies, allocations... in the graph
+
+ private:
+  void reset();
+  CUgraph_st* graph_ = nullptr;
+  CUgraphExec_st* exec_ = nullptr;
+  size_t nodes_ = 0;
+};
 
 }  // namespace mt::cuda

@@ -50,6 +50,13 @@ void reset_peak_memory(int) { no_cuda("reset_peak_memory"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
 void copy_bytes(void*, const void*, size_t, CopyKind, int) { no_cuda("copy to or from a CUDA device"); }
 
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+void Graph::capture(const Stream&, const std::function<void()>&) { no_cuda("Graph::capture"); }
+void Graph::replay(const Stream&) const { no_cuda("Graph::replay"); }
+void Graph::reset() {}
+
 }  // namespace mt::cuda
 
 namespace mt::kernels {

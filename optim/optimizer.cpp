@@ -41,9 +41,16 @@ void load_optimizer_state(const char* optimizer, const std::map<std::string, Ten
 
 }  // namespace detail
 
-void Optimizer::zero_grad() {
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
   for (ParamGroup& g : groups_) {
-    for (Tensor& p : g.params) p.set_grad(Tensor());
+    for (Tensor& p : g.params) {
+      if (set_to_none) {
+        p.set_grad(Tensor());
+      } else if (p.grad().defined()) {
+        p.grad().zero_();
+      }
+    }
   }
 }
 

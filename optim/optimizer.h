@@ -32,9 +32,12 @@ class Optimizer {
   // Steps unless found_inf (an f32 [1] tensor from the GradScaler) is non-zero.
   // The default reads the flag on the host; fused optimizers read it on the device.
   virtual void step_unless(const Tensor& found_inf);
-  // Drops every gradient (set to none, the PyTorch default): the next backward
-  // writes fresh gradients instead of adding into zeroed buffers.
-  void zero_grad();
+  // Drops every gradient (set_to_none, the PyTorch default): the next backward writes
+  // fresh gradients instead of adding into zeroed buffers. With set_to_none false the
+  // buffers are kept and zeroed, which a step captured in a CUDA Graph needs (its
+  // gradients must live at the same addresses from one replay to the next).
+  void zero_grad(bool set_to_none = true);
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
   std::vector<ParamGroup>& param_groups() { return groups_; }
 
   // Per-parameter state for checkpoints: "g<group>.p<index>.<name>" -> tensor (moments, step

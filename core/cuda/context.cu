@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/cuda/capture_ledger.h"
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -205,6 +206,12 @@ float Event::elapsed_ms(const Event& end) const {
 
 // ---- memory ----
 
+namespace {
+thread_local internal::CaptureLedger* t_capture_ledger = nullptr;
+}  // namespace
+
+void internal::set_capture_ledger(internal::CaptureLedger* ledger) { t_capture_ledger = ledger; }
+
 void* allocate(size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
@@ -228,6 +235,13 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
         " free of ", format_bytes(stats.device_total)));
   }
   MT_CUDA_CHECK(status);
+  if (t_capture_ledger != nullptr) {
+    if (stream == t_capture_ledger->stream) {
+      t_capture_ledger->live.emplace(ptr, nbytes);
+    } else {
+      ++t_capture_ledger->other_stream_allocations;
+    }
+  }
   const size_t now = s.allocated.fetch_add(nbytes) + nbytes;
   size_t peak = s.peak.load();
   while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {
@@ -238,7 +252,20 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
 void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
-  MT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+  // A free of older memory on the capturing stream would be recorded, and repeated by every replay.
+  if (t_capture_ledger != nullptr && t_capture_ledger->live.erase(ptr) == 0 && stream == t_capture_ledger->stream) {
+    ++t_capture_ledger->foreign_frees;
+    t_capture_ledger->foreign_bytes += nbytes;
+  }
+  const cudaError_t status = cudaFreeAsync(ptr, stream);
+  if (status != cudaSuccess && t_capture_ledger != nullptr) {
+    // A capture the step invalidated (a host synchronisation) refuses every later call until it
+    // ends; this runs in a destructor, so it must not throw: the capture reports the failure.
+    cudaGetLastError();
+    ++t_capture_ledger->failed_frees;
+  } else {
+    MT_CUDA_CHECK(status);
+  }
   s.allocated.fetch_sub(nbytes);
 }
 

@@ -26,6 +26,7 @@
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "optim/graph_step.h"
 
 namespace {
 
@@ -57,6 +58,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str();
   app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(CLI::PositiveNumber);
+  bool cuda_graph = false;
+  app.add_flag("--cuda-graph", cuda_graph,
+               "capture each mode's step in a CUDA Graph after warm-up and replay it (one GPU, no dropout)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -86,6 +90,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),
                 device.str().c_str(), amp.c_str(), mt::nn::trainable_parameters_summary(model).c_str());
+    MT_CHECK(!(cuda_graph && group), "--cuda-graph is for one process (NCCL is not captured)");
+    MT_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --device cuda");
     std::unique_ptr<mt::dist::DistributedDataParallel> ddp;
     if (group) {
       ddp = std::make_unique<mt::dist::DistributedDataParallel>(model, *group);
@@ -110,6 +116,7 @@ int main(int argc, char** argv) {
       mt::AdamW opt(model.trainable_parameters(), mt::AdamWOptions(1e-4));
       std::vector<double> times, exposed;
       double loss_value = 0;
+      const mt::Tensor loss_out = mt::zeros({1}, mt::TensorOptions().device(device));
       auto train_step = [&] {
         mt::Tensor loss;
         {
@@ -119,24 +126,32 @@ int main(int argc, char** argv) {
         if (ddp) {
           ddp->zero_grad();
         } else {
-          opt.zero_grad();
+          opt.zero_grad(/*set_to_none=*/!cuda_graph);  // a captured step keeps its gradient buffers
         }
         loss.backward();
         if (ddp) ddp->synchronize();
         opt.step();
-        return loss;
+        loss_out.copy_(loss.detach().to(mt::DType::f32).reshape({1}));
+      };
+      mt::CudaGraphStep graph_step(device, train_step, {&opt});
+      auto run_step = [&] {
+        if (cuda_graph) {
+          graph_step.run();
+        } else {
+          train_step();
+        }
       };
       for (int64_t step = 0; step < warmup + steps; ++step) {
         if (step == warmup && device.is_cuda()) mt::cuda::reset_peak_memory(device.index);
         sync();
         const auto start = std::chrono::steady_clock::now();
-        const mt::Tensor loss = train_step();
+        run_step();
         sync();
         if (step >= warmup) {
           times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
           if (ddp) exposed.push_back(ddp->last_exposed_comm_ms());
         }
-        if (step == warmup + steps - 1) loss_value = loss.item();
+        if (step == warmup + steps - 1) loss_value = loss_out.item();
       }
       const double ms = 1e3 * median(times);
       const double gib =
@@ -144,12 +159,17 @@ int main(int argc, char** argv) {
       if (mode == gpt_example::split_commas(modes).front()) base_ms = ms, base_gib = gib;
       char memory[48] = "n/a (cpu)";
       if (device.is_cuda()) std::snprintf(memory, sizeof(memory), "%.2f (%.2fx less)", gib, base_gib / gib);
+      // A replayed graph allocates through its own memory nodes, which the allocator's counters never see.
+      if (cuda_graph) std::snprintf(memory, sizeof(memory), "n/a (CUDA Graph)");
       std::printf("%-10s %20s %8.1f (%.2fx) %12.0f %10.4f\n", mode.c_str(), memory, ms, ms / base_ms,
                   static_cast<double>(world * batch * seq) / (ms / 1e3), loss_value);
       if (ddp) {
         const double comm = median(exposed);
         std::printf("%-10s exposed communication %.2f ms per step (%.1f%% of the step), tokens/s over %d ranks\n",
                     mode.c_str(), comm, 100.0 * comm / ms, world);
+      }
+      if (graph_step.captured()) {
+        std::printf("%-10s replaying a CUDA Graph of %zu nodes\n", mode.c_str(), graph_step.graph_nodes());
       }
       std::fflush(stdout);
       if (profile_steps > 0) {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "autograd/profiler.h"
@@ -20,6 +21,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "optim/graph_step.h"
 
 namespace {
 
@@ -66,6 +68,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--profile", profile_steps, "then profile this many steps op by op (0: none)")->capture_default_str();
+  bool cuda_graph = false;
+  app.add_flag("--cuda-graph", cuda_graph, "capture the step in a CUDA Graph after warm-up and replay it");
   app.add_option("--gemm-tflops", gemm_tflops, "GEMM rate for the FLOP floor")->capture_default_str();
   app.add_option("--copy-tbps", copy_tbps, "copy bandwidth (read + write) for the byte floor")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -86,20 +90,28 @@ int main(int argc, char** argv) {
         const mt::Tensor diff = mt::sub(model.forward(x), target);
         loss = mt::mean(mt::mul(diff, diff));
       }
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/!cuda_graph);  // a captured step keeps its gradient buffers
       scaler.scale(loss).backward();
       scaler.step(opt);
       scaler.update();
     };
+    mt::CudaGraphStep graph_step(device, train_step, {&opt});
+    auto run_step = [&] {
+      if (cuda_graph) {
+        graph_step.run();
+      } else {
+        train_step();
+      }
+    };
     auto sync = [&] {
       if (device.is_cuda()) mt::cuda::synchronize_device(device.index);
     };
-    for (int64_t i = 0; i < warmup; ++i) train_step();
+    for (int64_t i = 0; i < warmup; ++i) run_step();
     std::vector<double> per_step_ms;
     for (int64_t r = 0; r < repeats; ++r) {
       sync();
       const auto start = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < steps; ++i) train_step();
+      for (int64_t i = 0; i < steps; ++i) run_step();
       sync();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       per_step_ms.push_back(ms / static_cast<double>(steps));
@@ -111,9 +123,12 @@ int main(int argc, char** argv) {
     const double bytes = params * (4 * 4 + 3 * 4 + 2);
     const double flop_floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
     const double byte_floor_ms = bytes / (copy_tbps * 1e12) * 1e3;
-    std::printf("mlp_step: %lld x Linear(%lld) + GELU, batch %lld, fp16 autocast + GradScaler + AdamW on %s\n",
+    std::printf("mlp_step: %lld x Linear(%lld) + GELU, batch %lld, fp16 autocast + GradScaler + AdamW on %s%s\n",
                 static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(batch),
-                device.str().c_str());
+                device.str().c_str(),
+                graph_step.captured()
+                    ? (", replaying a CUDA Graph of " + std::to_string(graph_step.graph_nodes()) + " nodes").c_str()
+                    : "");
     std::printf(
         "mlp_step: %.3f ms per step (median of %lld spans of %lld steps); floors: %.4f ms of FLOPs at %.0f "
         "TFLOP/s, %.4f ms of bytes at %.2f TB/s\n",

@@ -12,12 +12,17 @@ echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing
   --profile "$profile"
 echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
+echo "-- full training and LoRA, each step replayed from a CUDA Graph --"
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
 echo "-- PyTorch + PEFT --"
 python3 tools/bench/gpt_step_torch.py
 echo "-- PyTorch, full training, eager and torch.compile --"
 python3 tools/bench/gpt_step_torch.py --full
 echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + AdamW (launch-bound) =="
 "$build/tools/mlp_step" --device cuda --profile "$profile"
+echo "-- the same step captured once in a CUDA Graph and replayed (mt::CudaGraphStep) --"
+"$build/tools/mlp_step" --device cuda --cuda-graph
 python3 tools/bench/mlp_step_torch.py
 echo "== Op micro-benchmarks, GPT-2 124M shapes, bf16: ours against the floors, then PyTorch's =="
 ops_dir="$(mktemp -d)"

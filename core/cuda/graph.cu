@@ -1,0 +1,162 @@
+// CUDA Graphs (core/cuda_context.h): capture with the allocator's ledger, instantiate, replay.
+#include <cuda_runtime.h>
+
+#include <exception>
+#include <string>
+
+#include "core/cuda/capture_ledger.h"
+#include "core/cuda/check.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+namespace mt::cuda {
+
+namespace {
+
+// Ends the capture however the body left (returned or threw), so that the stream is usable
+// again; returns the captured graph, or null with the status.
+cudaGraph_t end_capture(const Stream& stream, cudaError_t* status) {
+  cudaGraph_t graph = nullptr;
+  *status = cudaStreamEndCapture(stream.handle(), &graph);
+  if (*status != cudaSuccess) {
+    cudaGetLastError();  // clear this thread's last error
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  return graph;
+}
+
+// What the ledger says is wrong with the body, or "" when nothing is.
+std::string ledger_problems(const internal::CaptureLedger& ledger) {
+  std::string problems;
+  if (!ledger.live.empty()) {
+    size_t bytes = 0;
+    for (const auto& entry : ledger.live) bytes += entry.second;
+    problems += detail::str_cat(" it kept ", ledger.live.size(), " tensor(s) it allocated (", format_bytes(bytes),
+                                "): write results into tensors made before the capture (out.copy_(result)), and "
+                                "keep gradients allocated (zero_grad(/*set_to_none=*/false)) so that backward "
+                                "accumulates into them;");
+  }
+  if (ledger.foreign_frees > 0) {
+    problems += detail::str_cat(" it freed ", ledger.foreign_frees, " tensor(s) made before the capture (",
+                                format_bytes(ledger.foreign_bytes),
+                                "), which every replay would free again: release them before capturing;");
+  }
+  if (ledger.other_stream_allocations > 0) {
+    problems += detail::str_cat(" it allocated ", ledger.other_stream_allocations,
+                                " tensor(s) on another stream, outside the graph;");
+  }
+  return problems;
+}
+
+}  // namespace
+
+Graph::~Graph() { reset(); }
+
+Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_), nodes_(other.nodes_) {
+  other.graph_ = nullptr;
+  other.exec_ = nullptr;
+  other.nodes_ = 0;
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    reset();
+    graph_ = other.graph_;
+    exec_ = other.exec_;
+    nodes_ = other.nodes_;
+    other.graph_ = nullptr;
+    other.exec_ = nullptr;
+    other.nodes_ = 0;
+  }
+  return *this;
+}
+
+void Graph::reset() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);  // no throw from a destructor
+  if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  exec_ = nullptr;
+  graph_ = nullptr;
+  nodes_ = 0;
+}
+
+namespace {
+
+// What a captured graph that is not kept did: it runs once, as the eager step would have
+// run, so that tensors it kept hold real memory and what it freed is freed once.
+void run_once_and_destroy(cudaGraph_t graph, const Stream& stream) {
+  cudaGraphExec_t once = nullptr;
+  if (cudaGraphInstantiate(&once, graph, 0) == cudaSuccess) {
+    cudaGraphLaunch(once, stream.handle());
+    cudaGraphExecDestroy(once);
+  }
+  cudaGetLastError();
+  cudaGraphDestroy(graph);
+}
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace
+
+void Graph::capture(const Stream& stream, const std::function<void()>& body) {
+  reset();
+  DeviceGuard on_device(stream.device());
+  internal::CaptureLedger ledger;
+  ledger.stream = stream.handle();
+  MT_CUDA_CHECK(cudaStreamBeginCapture(stream.handle(), cudaStreamCaptureModeThreadLocal));
+  internal::set_capture_ledger(&ledger);
+  std::exception_ptr body_error;
+  try {
+    body();
+  } catch (...) {
+    body_error = std::current_exception();
+  }
+  internal::set_capture_ledger(nullptr);
+  cudaError_t status = cudaSuccess;
+  cudaGraph_t graph = end_capture(stream, &status);
+  if (graph == nullptr) {
+    throw DeviceError(detail::str_cat(
+        "CUDA graph capture on cuda:", stream.device(), " failed: ", cudaGetErrorString(status),
+        body_error ? "; while the step ran: " + what_of(body_error) : std::string(),
+        ". The captured code must not synchronise with the host (item(), to_vector(), a copy to the host, "
+        "Stream::synchronize) and must join any other stream it uses back into the capturing one"));
+  }
+  const std::string problems = body_error ? std::string() : ledger_problems(ledger);
+  if (body_error || !problems.empty()) {
+    run_once_and_destroy(graph, stream);
+    if (body_error) std::rethrow_exception(body_error);
+    throw Error(detail::str_cat("CUDA graph capture on cuda:", stream.device(),
+                                ": the captured step cannot be "
+                                "replayed as it stands (it ran once, as an eager step):",
+                                problems.substr(0, problems.size() - 1)));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  if (instantiated != cudaSuccess) {
+    cudaGetLastError();
+    cudaGraphDestroy(graph);
+    throw DeviceError(detail::str_cat("CUDA graph on cuda:", stream.device(),
+                                      ": cudaGraphInstantiate failed: ", cudaGetErrorString(instantiated)));
+  }
+  size_t nodes = 0;
+  MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  graph_ = graph;
+  exec_ = exec;
+  nodes_ = nodes;
+}
+
+void Graph::replay(const Stream& stream) const {
+  MT_CHECK(exec_ != nullptr, "Graph::replay: nothing has been captured");
+  DeviceGuard on_device(stream.device());
+  MT_CUDA_CHECK(cudaGraphLaunch(exec_, stream.handle()));
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,83 @@
+#include "optim/graph_step.h"
+
+#include <string>
+
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "core/random.h"
+
+namespace mt {
+
+struct CudaGraphStep::Impl {
+  Device device;
+  std::function<void()> step;
+  std::vector<const Optimizer*> optimizers;
+  int warmup = 0;
+  int eager_runs = 0;
+  cuda::Graph graph;
+  std::vector<double> captured_lrs;  // every group of every optimizer, in order
+
+  std::vector<double> learning_rates() const {
+    std::vector<double> lrs;
+    for (const Optimizer* opt : optimizers) {
+      for (const ParamGroup& group : opt->param_groups()) lrs.push_back(group.lr);
+    }
+    return lrs;
+  }
+
+  void capture() {
+    const uint64_t offset = default_generator(device).offset();
+    graph.capture(cuda::current_stream(device.index), step);
+    if (default_generator(device).offset() != offset) {
+      graph = cuda::Graph();
+      throw Error(detail::str_cat(
+          "CudaGraphStep: the step draws random numbers from ", device.str(),
+          "'s default generator (dropout, say); their Philox offsets are fixed when the step is captured, so "
+          "every replay would draw the same numbers. Run it without a CUDA Graph, or without random ops"));
+    }
+    captured_lrs = learning_rates();
+  }
+
+  void check_learning_rates() const {
+    const std::vector<double> now = learning_rates();
+    for (size_t i = 0; i < now.size(); ++i) {
+      MT_CHECK(now[i] == captured_lrs[i], "CudaGraphStep: learning rate ", i, " (counting every group of every ",
+               "optimizer) changed from ", captured_lrs[i], " to ", now[i],
+               " after the step was captured; a replay would use the captured one. Call reset() to capture again");
+    }
+  }
+};
+
+CudaGraphStep::CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers,
+                             int warmup)
+    : impl_(std::make_unique<Impl>()) {
+  MT_CHECK(static_cast<bool>(step), "CudaGraphStep: no step function");
+  MT_CHECK(warmup >= 1, "CudaGraphStep: warmup must be >= 1 (lazily made state must exist before the capture), got ",
+           warmup);
+  impl_->device = device;
+  impl_->step = std::move(step);
+  impl_->optimizers = std::move(optimizers);
+  impl_->warmup = warmup;
+}
+
+CudaGraphStep::~CudaGraphStep() = default;
+
+void CudaGraphStep::run() {
+  Impl& s = *impl_;
+  if (!s.device.is_cuda() || s.eager_runs < s.warmup) {
+    s.step();
+    ++s.eager_runs;
+    return;
+  }
+  if (!s.graph.captured()) s.capture();  // the capture records the step without running it
+  s.check_learning_rates();
+  s.graph.replay(cuda::current_stream(s.device.index));
+}
+
+void CudaGraphStep::reset() { impl_->graph = cuda::Graph(); }
+
+bool CudaGraphStep::captured() const { return impl_->graph.captured(); }
+
+size_t CudaGraphStep::graph_nodes() const { return impl_->graph.nodes(); }
+
+}  // namespace mt

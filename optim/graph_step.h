@@ -1,0 +1,53 @@
+// A training step captured in a CUDA Graph once its shapes are static, then replayed with
+// one launch: a model of small layers is bound by kernel launches, not by the GPU.
+//
+//   mt::CudaGraphStep step(device, [&] {          // the whole step: forward, backward,
+//     opt.zero_grad(/*set_to_none=*/false);        // scaler and optimizer
+//     mt::Tensor loss = ...;                       // reads the input tensors x, y
+//     scaler.scale(loss).backward();
+//     scaler.step(opt);
+//     scaler.update();
+//     loss_out.copy_(loss);                        // results into tensors made beforehand
+//   }, {&opt});
+//   for (...) { x.copy_(batch); step.run(); }     // new data goes into the same tensors
+//
+// The first `warmup` runs run the step eagerly, so that what it makes lazily (gradients,
+// optimizer moments, cuBLASLt workspaces, cuDNN plans) exists before the capture; the next
+// run captures it on the device's current stream (cuda::Graph, whose rules it inherits: no
+// host synchronisation, results into existing tensors) and replays it; every later run
+// replays. On the CPU run() simply calls the step.
+//
+// What a replay cannot change is checked, never left stale: a learning rate of one of the
+// given optimizers that differs from the one captured is an error (reset() captures again),
+// and so is a step that draws random numbers from the device's default generator (dropout):
+// their Philox offsets are fixed at capture, so every replay would draw the same ones.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "optim/optimizer.h"
+
+namespace mt {
+
+class CudaGraphStep {
+ public:
+  CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers = {},
+                int warmup = 2);
+  ~CudaGraphStep();
+  CudaGraphStep(const CudaGraphStep&) = delete;
+  CudaGraphStep& operator=(const CudaGraphStep&) = delete;
+
+  void run();
+  void reset();           // the next run captures again (after a learning-rate change, say)
+  bool captured() const;  // whether runs now replay a graph
+  size_t graph_nodes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt
