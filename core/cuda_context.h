@@ -143,6 +143,9 @@ std::string format_bytes(size_t nbytes);  // "1.50 GiB"
 // (`loss_out.copy_(loss)`). capture() throws, saying which rule was broken, when the body
 // kept or freed such tensors, synchronised with the host (item(), a copy to the host) or
 // left work on another stream unjoined; nothing is captured then.
+// Whether this thread is capturing a Graph (host-side checks that would synchronise wait).
+bool capturing();
+
 class Graph {
  public:
   Graph() = default;

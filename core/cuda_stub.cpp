@@ -50,6 +50,7 @@ void reset_peak_memory(int) { no_cuda("reset_peak_memory"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
 void copy_bytes(void*, const void*, size_t, CopyKind, int) { no_cuda("copy to or from a CUDA device"); }
 
+bool capturing() { return false; }
 Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;

@@ -107,15 +107,18 @@ class NcclCommunicator : public Communicator {
     try {
       ncclComm_t comm = nullptr;
       MT_NCCL_CHECK(ncclCommInitRank(&comm, group.world_size(), id, group.rank()));
-      std::lock_guard<std::mutex> lock(mutex_);
-      comm_ = comm;
-      launching_.clear();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        comm_ = comm;
+        launching_.clear();
+      }
+      stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
+      poller_ = std::thread([this] { poll(); });
     } catch (...) {
       stop_monitoring();  // the destructor will not run
+      if (comm_ != nullptr) ncclCommDestroy(comm_);
       throw;
     }
-    stream_ = cuda::Stream::create(device_, cuda::Stream::Priority::high);
-    poller_ = std::thread([this] { poll(); });
   }
   ~NcclCommunicator() override {
     stop_monitoring();

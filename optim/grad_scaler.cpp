@@ -1,5 +1,7 @@
 #include "optim/grad_scaler.h"
 
+#include "core/cuda_context.h"
+
 #include "autograd/grad_mode.h"
 #include "core/view.h"
 #include "ops/elementwise/elementwise.h"
@@ -90,7 +92,10 @@ void GradScaler::update() {
   }
   for (auto& [opt, s] : per_optimizer_) s.unscaled = s.stepped = false;
   ++updates_;
-  if (device_.is_cpu() || updates_ % options_.check_interval() == 0) check_limits();
+  // Not while a CUDA Graph captures the step: reading the scale would synchronise (a replayed
+  // step runs no host code at all; call check_limits() between replays).
+  const bool checkable = device_.is_cpu() || !cuda::capturing();
+  if (checkable && (device_.is_cpu() || updates_ % options_.check_interval() == 0)) check_limits();
 }
 
 void GradScaler::check_limits() {

@@ -94,6 +94,10 @@ class GradScaler {
 
   double get_scale() const;  // waits for the device
   int64_t consecutive_skips() const;
+  // Throws when too many steps in a row were skipped or the scale fell below min_scale
+  // (waits for the device). update() calls it every check_interval updates; a step replayed
+  // from a CUDA Graph runs no host code, so call it between replays now and then.
+  void check_limits();
   // State for checkpoints: scale, growth tracker, consecutive skips (host values).
   std::map<std::string, double> state_dict() const;
   void load_state_dict(const std::map<std::string, double>& state);
@@ -105,7 +109,6 @@ class GradScaler {
     bool stepped = false;
   };
   PerOptimizer& state_for(Optimizer& optimizer);
-  void check_limits();
 
   Device device_;
   GradScalerOptions options_;

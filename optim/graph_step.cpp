@@ -17,18 +17,24 @@ struct CudaGraphStep::Impl {
   cuda::Graph graph;
   std::vector<double> captured_lrs;  // every group of every optimizer, in order
 
+  // Every group's learning rate and weight decay, in order: the host values the captured
+  // kernels were given.
   std::vector<double> learning_rates() const {
-    std::vector<double> lrs;
+    std::vector<double> values;
     for (const Optimizer* opt : optimizers) {
-      for (const ParamGroup& group : opt->param_groups()) lrs.push_back(group.lr);
+      for (const ParamGroup& group : opt->param_groups()) {
+        values.push_back(group.lr);
+        values.push_back(group.weight_decay);
+      }
     }
-    return lrs;
+    return values;
   }
 
   void capture() {
     const uint64_t offset = default_generator(device).offset();
     graph.capture(cuda::current_stream(device.index), step);
     if (default_generator(device).offset() != offset) {
+      graph.replay(cuda::current_stream(device.index));  // this once, as an eager step would have run
       graph = cuda::Graph();
       throw Error(detail::str_cat(
           "CudaGraphStep: the step draws random numbers from ", device.str(),
@@ -41,8 +47,9 @@ struct CudaGraphStep::Impl {
   void check_learning_rates() const {
     const std::vector<double> now = learning_rates();
     for (size_t i = 0; i < now.size(); ++i) {
-      MT_CHECK(now[i] == captured_lrs[i], "CudaGraphStep: learning rate ", i, " (counting every group of every ",
-               "optimizer) changed from ", captured_lrs[i], " to ", now[i],
+      MT_CHECK(now[i] == captured_lrs[i], "CudaGraphStep: the ", i % 2 == 0 ? "learning rate" : "weight decay",
+               " of parameter group ", i / 2, " (counting the groups of every optimizer in order) changed from ",
+               captured_lrs[i], " to ", now[i],
                " after the step was captured; a replay would use the captured one. Call reset() to capture again");
     }
   }

@@ -17,10 +17,13 @@
 // host synchronisation, results into existing tensors) and replays it; every later run
 // replays. On the CPU run() simply calls the step.
 //
-// What a replay cannot change is checked, never left stale: a learning rate of one of the
-// given optimizers that differs from the one captured is an error (reset() captures again),
-// and so is a step that draws random numbers from the device's default generator (dropout):
-// their Philox offsets are fixed at capture, so every replay would draw the same ones.
+// What a replay cannot change is checked, never left stale: a learning rate or weight decay
+// of one of the given optimizers that differs from the one captured is an error (reset()
+// captures again), and so is a step that draws random numbers from the device's default
+// generator (dropout): their Philox offsets are fixed at capture, so every replay would draw
+// the same ones (a refused capture still runs the step once). Host code inside the step
+// runs only at capture: a GradScaler's limit check, say, needs scaler.check_limits()
+// between replays now and then.
 #pragma once
 
 #include <functional>

@@ -4,20 +4,34 @@
 
 #include <cstddef>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda_context.h"
 
 namespace mt::cuda::internal {
 
 struct CaptureLedger {
-  StreamHandle stream = nullptr;                // the capturing stream
-  std::unordered_map<void*, size_t> live;       // allocated during the capture and not yet freed: bytes
-  size_t foreign_frees = 0, foreign_bytes = 0;  // frees of memory allocated before the capture
-  size_t other_stream_allocations = 0;          // allocations on another stream (not captured)
-  size_t failed_frees = 0;                      // refused by an invalidated capture
+  struct DeferredFree {
+    void* ptr;
+    size_t nbytes;
+    StreamHandle stream;
+  };
+  StreamHandle stream = nullptr;           // the capturing stream
+  std::unordered_map<void*, size_t> live;  // allocated during the capture and not yet freed: bytes
+  // Memory made before the capture and released during it, on the capturing stream: a graph
+  // may free only its own allocations, so these are freed after the capture has ended.
+  std::vector<DeferredFree> deferred;
+  size_t other_stream_allocations = 0;  // allocations on another stream (not captured)
 };
 
 // The calling thread's ledger while it captures; null otherwise.
 void set_capture_ledger(CaptureLedger* ledger);
+
+// Frees what the capture deferred, on their streams (after whatever the caller enqueued).
+void free_deferred(CaptureLedger& ledger);
+
+// Addresses a failed (invalidated) capture handed out and the step kept: they were never
+// backed by memory, so deallocate() forgets them instead of freeing them.
+void poison(const CaptureLedger& ledger);
 
 }  // namespace mt::cuda::internal

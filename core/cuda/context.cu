@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "core/cuda/capture_ledger.h"
@@ -208,18 +209,43 @@ float Event::elapsed_ms(const Event& end) const {
 
 namespace {
 thread_local internal::CaptureLedger* t_capture_ledger = nullptr;
+
+std::mutex& poisoned_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::unordered_set<void*>& poisoned() {
+  static auto* set = new std::unordered_set<void*>();  // never destroyed: frees may run at exit
+  return *set;
+}
+std::atomic<size_t> poisoned_count{0};  // lets every other free skip the lock
 }  // namespace
 
 void internal::set_capture_ledger(internal::CaptureLedger* ledger) { t_capture_ledger = ledger; }
+
+bool capturing() { return t_capture_ledger != nullptr; }
+
+void internal::free_deferred(internal::CaptureLedger& ledger) {
+  for (const internal::CaptureLedger::DeferredFree& f : ledger.deferred) {
+    if (cudaFreeAsync(f.ptr, f.stream) != cudaSuccess) cudaGetLastError();  // freeing must not throw
+  }
+  ledger.deferred.clear();
+}
+
+void internal::poison(const internal::CaptureLedger& ledger) {
+  std::lock_guard<std::mutex> lock(poisoned_mutex());
+  for (const auto& entry : ledger.live) poisoned().insert(entry.first);
+  poisoned_count.store(poisoned().size());
+}
 
 void* allocate(size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
   void* ptr = nullptr;
   cudaError_t status = cudaMallocAsync(&ptr, nbytes, stream);
-  if (status == cudaErrorMemoryAllocation) {
+  if (status == cudaErrorMemoryAllocation && t_capture_ledger == nullptr) {
     // The pool may hold blocks freed on other streams: return them to the driver
-    // and try once more before giving up.
+    // and try once more before giving up (not while capturing: that would synchronise).
     cudaGetLastError();
     MT_CUDA_CHECK(cudaDeviceSynchronize());
     MT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
@@ -252,21 +278,25 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
 void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
-  // A free of older memory on the capturing stream would be recorded, and repeated by every replay.
-  if (t_capture_ledger != nullptr && t_capture_ledger->live.erase(ptr) == 0 && stream == t_capture_ledger->stream) {
-    ++t_capture_ledger->foreign_frees;
-    t_capture_ledger->foreign_bytes += nbytes;
-  }
-  const cudaError_t status = cudaFreeAsync(ptr, stream);
-  if (status != cudaSuccess && t_capture_ledger != nullptr) {
-    // A capture the step invalidated (a host synchronisation) refuses every later call until it
-    // ends; this runs in a destructor, so it must not throw: the capture reports the failure.
-    cudaGetLastError();
-    ++t_capture_ledger->failed_frees;
-  } else {
-    MT_CUDA_CHECK(status);
-  }
   s.allocated.fetch_sub(nbytes);
+  if (t_capture_ledger != nullptr) {
+    if (t_capture_ledger->live.erase(ptr) == 0 && stream == t_capture_ledger->stream) {
+      // Older memory: a graph may free only its own allocations; freed once the capture ends.
+      t_capture_ledger->deferred.push_back({ptr, nbytes, stream});
+      return;
+    }
+    // This runs in destructors and must not throw; a capture the step invalidated (a host
+    // synchronisation) refuses every call until it ends, and reports that itself.
+    if (cudaFreeAsync(ptr, stream) != cudaSuccess) cudaGetLastError();
+    return;
+  }
+  if (poisoned_count.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard<std::mutex> lock(poisoned_mutex());
+    const bool never_backed = poisoned().erase(ptr) > 0;
+    poisoned_count.store(poisoned().size());
+    if (never_backed) return;  // nothing to free
+  }
+  MT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
 }
 
 MemoryStats memory_stats(int device) {

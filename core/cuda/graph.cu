@@ -37,10 +37,12 @@ std::string ledger_problems(const internal::CaptureLedger& ledger) {
                                 "keep gradients allocated (zero_grad(/*set_to_none=*/false)) so that backward "
                                 "accumulates into them;");
   }
-  if (ledger.foreign_frees > 0) {
-    problems += detail::str_cat(" it freed ", ledger.foreign_frees, " tensor(s) made before the capture (",
-                                format_bytes(ledger.foreign_bytes),
-                                "), which every replay would free again: release them before capturing;");
+  if (!ledger.deferred.empty()) {
+    size_t bytes = 0;
+    for (const auto& f : ledger.deferred) bytes += f.nbytes;
+    problems += detail::str_cat(" it released ", ledger.deferred.size(), " tensor(s) made before the capture (",
+                                format_bytes(bytes),
+                                "), which a graph cannot free: release them before capturing, or keep them;");
   }
   if (ledger.other_stream_allocations > 0) {
     problems += detail::str_cat(" it allocated ", ledger.other_stream_allocations,
@@ -123,15 +125,27 @@ void Graph::capture(const Stream& stream, const std::function<void()>& body) {
   cudaError_t status = cudaSuccess;
   cudaGraph_t graph = end_capture(stream, &status);
   if (graph == nullptr) {
+    // Nothing recorded can run. Tensors made during the step and kept hold addresses that were
+    // never backed: freeing them later must be a no-op, and using them would fault.
+    internal::poison(ledger);
+    internal::free_deferred(ledger);
+    std::string kept;
+    if (!ledger.live.empty()) {
+      kept = detail::str_cat(" The step did not run, and the ", ledger.live.size(),
+                             " tensor(s) it made and kept (gradients set to none, say) hold no memory: drop them "
+                             "(zero_grad()) before using the model again.");
+    }
     throw DeviceError(detail::str_cat(
         "CUDA graph capture on cuda:", stream.device(), " failed: ", cudaGetErrorString(status),
         body_error ? "; while the step ran: " + what_of(body_error) : std::string(),
         ". The captured code must not synchronise with the host (item(), to_vector(), a copy to the host, "
-        "Stream::synchronize) and must join any other stream it uses back into the capturing one"));
+        "Stream::synchronize) and must join any other stream it uses back into the capturing one.",
+        kept));
   }
   const std::string problems = body_error ? std::string() : ledger_problems(ledger);
   if (body_error || !problems.empty()) {
     run_once_and_destroy(graph, stream);
+    internal::free_deferred(ledger);  // after that run, in stream order
     if (body_error) std::rethrow_exception(body_error);
     throw Error(detail::str_cat("CUDA graph capture on cuda:", stream.device(),
                                 ": the captured step cannot be "

@@ -94,6 +94,9 @@ bool as_pitched_rows(const Tensor& dst, const Tensor& src, int64_t* rows, int64_
     height *= size[k - 1];
   }
   if (dp < width || sp < width) return false;  // overlapping rows (an expanded source): not a plain 2-D copy
+  // cudaMemcpy2D takes pitches up to the device's maximum pitch (2^31 - 1 bytes and more).
+  const int64_t item = static_cast<int64_t>(element_size(dst.dtype()));
+  if (dp * item > INT32_MAX || sp * item > INT32_MAX) return false;
   *rows = height;
   *cols = width;
   *dst_pitch = dp;
