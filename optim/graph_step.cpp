@@ -13,6 +13,7 @@ struct CudaGraphStep::Impl {
   std::function<void()> step;
   std::vector<const Optimizer*> optimizers;
   int warmup = 0;
+  bool enabled = true;
   int eager_runs = 0;
   cuda::Graph graph;
   std::vector<double> captured_lrs;  // every group of every optimizer, in order
@@ -56,7 +57,7 @@ struct CudaGraphStep::Impl {
 };
 
 CudaGraphStep::CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers,
-                             int warmup)
+                             int warmup, bool enabled)
     : impl_(std::make_unique<Impl>()) {
   MT_CHECK(static_cast<bool>(step), "CudaGraphStep: no step function");
   MT_CHECK(warmup >= 1, "CudaGraphStep: warmup must be >= 1 (lazily made state must exist before the capture), got ",
@@ -65,13 +66,14 @@ CudaGraphStep::CudaGraphStep(Device device, std::function<void()> step, std::vec
   impl_->step = std::move(step);
   impl_->optimizers = std::move(optimizers);
   impl_->warmup = warmup;
+  impl_->enabled = enabled;
 }
 
 CudaGraphStep::~CudaGraphStep() = default;
 
 void CudaGraphStep::run() {
   Impl& s = *impl_;
-  if (!s.device.is_cuda() || s.eager_runs < s.warmup) {
+  if (!s.enabled || !s.device.is_cuda() || s.eager_runs < s.warmup) {
     s.step();
     ++s.eager_runs;
     return;

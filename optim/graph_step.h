@@ -37,8 +37,9 @@ namespace mt {
 
 class CudaGraphStep {
  public:
+  // enabled false: run() always calls the step eagerly (a command-line switch, say).
   CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers = {},
-                int warmup = 2);
+                int warmup = 2, bool enabled = true);
   ~CudaGraphStep();
   CudaGraphStep(const CudaGraphStep&) = delete;
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;

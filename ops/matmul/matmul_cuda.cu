@@ -217,27 +217,17 @@ bool gemm_typed(const GemmProblem& p) {
   // for each of its n columns: the BGRADB epilogue (a bias gradient beside dW = dy^T x).
   const bool with_row_sums = p.a_row_sums.defined();
   MT_INTERNAL_ASSERT(!(with_bias && with_row_sums), "matmul: a bias and row sums together");
-  if (with_row_sums) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    const void* sums_ptr = p.a_row_sums.data_ptr();
-    const cudaDataType_t sums_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
+  if (with_bias || with_row_sums) {
+    // Both epilogues take their vector through the bias attributes, in C's dtype.
+    const cublasLtEpilogue_t epilogue = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
+    const void* vector = with_bias ? p.bias.data_ptr() : p.a_row_sums.data_ptr();
+    const cudaDataType_t vector_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &sums_ptr, sizeof(sums_ptr)));
-    MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &sums_type, sizeof(sums_type)));
-  }
-  if (with_bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void* bias_ptr = p.bias.data_ptr();
-    const cudaDataType_t bias_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
-    MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
-    MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vector_type,
+                                                   sizeof(vector_type)));
   }
   const Layout layout_a = make_layout(type, lt_a, batch);
   const Layout layout_b = make_layout(type, lt_b, batch);

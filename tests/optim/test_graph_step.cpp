@@ -144,6 +144,11 @@ TEST(CudaGraphStep, OnTheCpuTheStepSimplyRuns) {
   for (int i = 0; i < 5; ++i) step.run();
   EXPECT_EQ(calls, 5);
   EXPECT_FALSE(step.captured());
+  // Disabled (a command-line switch), even for a CUDA device it only calls the step.
+  CudaGraphStep disabled(cuda_device(0), [&] { ++calls; }, {}, /*warmup=*/1, /*enabled=*/false);
+  for (int i = 0; i < 3; ++i) disabled.run();
+  EXPECT_EQ(calls, 8);
+  EXPECT_FALSE(disabled.captured());
   EXPECT_NE(error_message_of([] {
               CudaGraphStep bad(
                   Device("cpu"), [] {}, {}, 0);

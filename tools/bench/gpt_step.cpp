@@ -133,19 +133,12 @@ int main(int argc, char** argv) {
         opt.step();
         loss_out.copy_(loss.detach().to(mt::DType::f32).reshape({1}));
       };
-      mt::CudaGraphStep graph_step(device, train_step, {&opt});
-      auto run_step = [&] {
-        if (cuda_graph) {
-          graph_step.run();
-        } else {
-          train_step();
-        }
-      };
+      mt::CudaGraphStep graph_step(device, train_step, {&opt}, /*warmup=*/2, /*enabled=*/cuda_graph);
       for (int64_t step = 0; step < warmup + steps; ++step) {
         if (step == warmup && device.is_cuda()) mt::cuda::reset_peak_memory(device.index);
         sync();
         const auto start = std::chrono::steady_clock::now();
-        run_step();
+        graph_step.run();
         sync();
         if (step >= warmup) {
           times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

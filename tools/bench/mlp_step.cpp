@@ -95,23 +95,16 @@ int main(int argc, char** argv) {
       scaler.step(opt);
       scaler.update();
     };
-    mt::CudaGraphStep graph_step(device, train_step, {&opt});
-    auto run_step = [&] {
-      if (cuda_graph) {
-        graph_step.run();
-      } else {
-        train_step();
-      }
-    };
+    mt::CudaGraphStep graph_step(device, train_step, {&opt}, /*warmup=*/2, /*enabled=*/cuda_graph);
     auto sync = [&] {
       if (device.is_cuda()) mt::cuda::synchronize_device(device.index);
     };
-    for (int64_t i = 0; i < warmup; ++i) run_step();
+    for (int64_t i = 0; i < warmup; ++i) graph_step.run();
     std::vector<double> per_step_ms;
     for (int64_t r = 0; r < repeats; ++r) {
       sync();
       const auto start = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < steps; ++i) run_step();
+      for (int64_t i = 0; i < steps; ++i) graph_step.run();
       sync();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       per_step_ms.push_back(ms / static_cast<double>(steps));
