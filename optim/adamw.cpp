@@ -1,8 +1,10 @@
 #include "optim/adamw.h"
 
 #include <map>
+#include <set>
 
 #include "autograd/grad_mode.h"
+#include "core/cuda_context.h"
 #include "core/view.h"
 #include "optim/optim_kernels.h"
 
@@ -57,6 +59,7 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
 
 void AdamW::step_unless(const Tensor& found_inf) {
   NoGradGuard no_grad;
+  std::set<int> uploaded;  // devices whose rates this step has written
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& group = groups_[gi];
     optim_kernels::AdamWArgs args;
@@ -87,9 +90,35 @@ void AdamW::step_unless(const Tensor& found_inf) {
     for (const auto& [device, list] : cuda_lists) {
       MT_CHECK_T(DeviceError, !found_inf.defined() || found_inf.device() == list.front().param.device(),
                  "AdamW: the found-inf flag is on ", found_inf.device().str(), " but parameters are on cuda:", device);
-      optim_kernels::adamw_cuda(list, args, found_inf);
+      const Tensor& rates = rates_on(device);
+      if (!cuda::capturing() && uploaded.insert(device).second) upload_rates(rates);
+      optim_kernels::AdamWArgs device_args = args;
+      device_args.lr_on_device = static_cast<const double*>(rates.data_ptr()) + gi;
+      optim_kernels::adamw_cuda(list, device_args, found_inf);
     }
   }
+}
+
+const Tensor& AdamW::rates_on(int device) {
+  auto it = rates_on_device_.find(device);
+  if (it == rates_on_device_.end()) {
+    const auto groups = static_cast<int64_t>(groups_.size());
+    it =
+        rates_on_device_.emplace(device, empty({groups}, TensorOptions().dtype(DType::f64).device(cuda_device(device))))
+            .first;
+    upload_rates(it->second);
+  }
+  return it->second;
+}
+
+void AdamW::upload_rates(const Tensor& rates) const {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) rates.narrow(0, static_cast<int64_t>(g), 1).fill_(groups_[g].lr);
+}
+
+bool AdamW::prepare_replay() {
+  for (const auto& [device, rates] : rates_on_device_) upload_rates(rates);
+  return !rates_on_device_.empty();
 }
 
 int64_t AdamW::steps_taken() const {

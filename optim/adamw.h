@@ -6,6 +6,7 @@
 // update when it is set.
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -63,6 +64,9 @@ class AdamW : public Optimizer {
   void step_unless(const Tensor& found_inf) override;
   // Steps actually taken (skipped ones not counted); reading it waits for the device.
   int64_t steps_taken() const;
+  // CUDA kernels read each group's learning rate from device memory: this writes the
+  // current rates there (a fill kernel each, no host synchronisation).
+  bool prepare_replay() override;
 
   struct State {
     Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
@@ -74,8 +78,15 @@ class AdamW : public Optimizer {
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
+  // The groups' learning rates on each CUDA device that holds parameters: f64 [groups],
+  // refreshed before each step's kernels (not while a CUDA Graph captures: a replay must
+  // read the rate of its moment, which prepare_replay() writes).
+  const Tensor& rates_on(int device);
+  void upload_rates(const Tensor& rates) const;
+
   AdamWOptions options_;
   std::vector<std::vector<State>> state_;
+  std::map<int, Tensor> rates_on_device_;
 };
 
 }  // namespace mt

@@ -11,7 +11,7 @@ namespace mt {
 struct CudaGraphStep::Impl {
   Device device;
   std::function<void()> step;
-  std::vector<const Optimizer*> optimizers;
+  std::vector<Optimizer*> optimizers;
   int warmup = 0;
   bool enabled = true;
   int eager_runs = 0;
@@ -31,6 +31,20 @@ struct CudaGraphStep::Impl {
     return values;
   }
 
+  // Per value of learning_rates(): whether a replay reads it from device memory, which
+  // prepare_replay() has just refreshed (then it may change).
+  std::vector<bool> refresh_for_replay() const {
+    std::vector<bool> refreshed;
+    for (Optimizer* opt : optimizers) {
+      const bool rates_on_device = opt->prepare_replay();
+      for (size_t g = 0; g < opt->param_groups().size(); ++g) {
+        refreshed.push_back(rates_on_device);  // the learning rate
+        refreshed.push_back(false);            // the weight decay
+      }
+    }
+    return refreshed;
+  }
+
   void capture() {
     const uint64_t offset = default_generator(device).offset();
     graph.capture(cuda::current_stream(device.index), step);
@@ -45,19 +59,19 @@ struct CudaGraphStep::Impl {
     captured_lrs = learning_rates();
   }
 
-  void check_learning_rates() const {
+  void check_learning_rates(const std::vector<bool>& refreshed) const {
     const std::vector<double> now = learning_rates();
     for (size_t i = 0; i < now.size(); ++i) {
-      MT_CHECK(now[i] == captured_lrs[i], "CudaGraphStep: the ", i % 2 == 0 ? "learning rate" : "weight decay",
-               " of parameter group ", i / 2, " (counting the groups of every optimizer in order) changed from ",
-               captured_lrs[i], " to ", now[i],
+      MT_CHECK(refreshed[i] || now[i] == captured_lrs[i], "CudaGraphStep: the ",
+               i % 2 == 0 ? "learning rate" : "weight decay", " of parameter group ", i / 2,
+               " (counting the groups of every optimizer in order) changed from ", captured_lrs[i], " to ", now[i],
                " after the step was captured; a replay would use the captured one. Call reset() to capture again");
     }
   }
 };
 
-CudaGraphStep::CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers,
-                             int warmup, bool enabled)
+CudaGraphStep::CudaGraphStep(Device device, std::function<void()> step, std::vector<Optimizer*> optimizers, int warmup,
+                             bool enabled)
     : impl_(std::make_unique<Impl>()) {
   MT_CHECK(static_cast<bool>(step), "CudaGraphStep: no step function");
   MT_CHECK(warmup >= 1, "CudaGraphStep: warmup must be >= 1 (lazily made state must exist before the capture), got ",
@@ -79,7 +93,7 @@ void CudaGraphStep::run() {
     return;
   }
   if (!s.graph.captured()) s.capture();  // the capture records the step without running it
-  s.check_learning_rates();
+  s.check_learning_rates(s.refresh_for_replay());
   s.graph.replay(cuda::current_stream(s.device.index));
 }
 

@@ -17,13 +17,14 @@
 // host synchronisation, results into existing tensors) and replays it; every later run
 // replays. On the CPU run() simply calls the step.
 //
-// What a replay cannot change is checked, never left stale: a learning rate or weight decay
-// of one of the given optimizers that differs from the one captured is an error (reset()
-// captures again), and so is a step that draws random numbers from the device's default
-// generator (dropout): their Philox offsets are fixed at capture, so every replay would draw
-// the same ones (a refused capture still runs the step once). Host code inside the step
-// runs only at capture: a GradScaler's limit check, say, needs scaler.check_limits()
-// between replays now and then.
+// Before each replay the given optimizers bring what their kernels read from device memory
+// up to date (Optimizer::prepare_replay): AdamW reads its learning rates there, so a
+// schedule may change them between replays. What a replay cannot change is checked, never
+// left stale: another optimizer's learning rate, or any weight decay, that differs from the
+// captured one is an error (reset() captures again), and so is a step that draws random numbers from the device's
+// default generator (dropout): their Philox offsets are fixed at capture, so every replay would draw the same ones (a
+// refused capture still runs the step once). Host code inside the step runs only at capture: a GradScaler's limit
+// check, say, needs scaler.check_limits() between replays now and then.
 #pragma once
 
 #include <functional>
@@ -38,8 +39,8 @@ namespace mt {
 class CudaGraphStep {
  public:
   // enabled false: run() always calls the step eagerly (a command-line switch, say).
-  CudaGraphStep(Device device, std::function<void()> step, std::vector<const Optimizer*> optimizers = {},
-                int warmup = 2, bool enabled = true);
+  CudaGraphStep(Device device, std::function<void()> step, std::vector<Optimizer*> optimizers = {}, int warmup = 2,
+                bool enabled = true);
   ~CudaGraphStep();
   CudaGraphStep(const CudaGraphStep&) = delete;
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;

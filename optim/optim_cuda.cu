@@ -54,7 +54,9 @@ struct AdamWOp {
   __device__ void operator()(const MultiTensorBlock<kDepth>& block) const {
     using A = acc_t<T>;
     if (found_inf != nullptr && *found_inf != 0.0f) return;
-    const AdamWCoefficients c = AdamWCoefficients::from(args, *static_cast<const int64_t*>(block.ptr[4]));
+    AdamWArgs now = args;
+    if (now.lr_on_device != nullptr) now.lr = *now.lr_on_device;
+    const AdamWCoefficients c = AdamWCoefficients::from(now, *static_cast<const int64_t*>(block.ptr[4]));
     T* param = static_cast<T*>(block.ptr[0]);
     const T* grad = static_cast<const T*>(block.ptr[1]);
     A* m = static_cast<A*>(block.ptr[2]);

@@ -13,6 +13,9 @@ namespace mt::optim_kernels {
 struct AdamWArgs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool decoupled = true;  // AdamW (decay the weights) vs Adam (add decay to the gradient)
+  // CUDA: when set, the kernel reads the rate here when it runs instead of taking `lr`, so
+  // that a step replayed from a CUDA Graph uses the rate of the moment (the schedule's).
+  const double* lr_on_device = nullptr;
 };
 
 // grad *= 1 / scale; found_inf (f32 [1]) becomes 1 if any result is inf or NaN.

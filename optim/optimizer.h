@@ -38,6 +38,10 @@ class Optimizer {
   // gradients must live at the same addresses from one replay to the next).
   void zero_grad(bool set_to_none = true);
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // Called by CudaGraphStep before each replay: brings what the captured kernels read from
+  // device memory up to date with the host values. Returns whether the learning rates are
+  // read that way (then a schedule may change them between replays); the default: no.
+  virtual bool prepare_replay() { return false; }
   std::vector<ParamGroup>& param_groups() { return groups_; }
 
   // Per-parameter state for checkpoints: "g<group>.p<index>.<name>" -> tensor (moments, step

@@ -19,6 +19,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
+#include "optim/graph_step.h"
 #include "optim/lr_scheduler.h"
 #include "optim/training_checkpoint.h"
 
@@ -170,6 +171,8 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
       ->check(non_negative());
   app.add_flag("--detect-anomaly", detect_anomaly,
                "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
+  app.add_flag("--cuda-graph", cuda_graph,
+               "capture the training step in a CUDA Graph after two steps and replay it (one GPU, dropout 0)");
   app.add_flag("--deterministic", deterministic,
                "repeatable kernels only, so that a resumed GPU run repeats an uninterrupted one bit for bit");
   app.add_flag("--resume", resume,
@@ -270,23 +273,28 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     std::fflush(stdout);
   };
 
-  TrainResult result;
-  const mt::AnomalyGuard anomaly(flags.detect_anomaly);
-  if (flags.deterministic) mt::backends::set_deterministic_algorithms(true);
-  model.train();
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = first_step; step <= flags.steps; ++step) {
-    const mt::data::Batch batch = batcher.next();
+  MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
+  MT_CHECK(!flags.cuda_graph || placement.world_size() == 1,
+           "--cuda-graph is for one process (NCCL's collectives are not captured)");
+  MT_CHECK(!flags.cuda_graph || !flags.detect_anomaly,
+           "--cuda-graph and --detect-anomaly exclude each other: the anomaly mode reads every output back");
+  // The step reads its batch from tensors that stay put (a captured step reads the same
+  // addresses every replay) and leaves its loss in loss_out.
+  const mt::TensorOptions ids = mt::TensorOptions().dtype(mt::DType::i64).device(placement.device);
+  const mt::Tensor inputs = mt::empty({flags.batch_size, flags.seq_len}, ids);
+  const mt::Tensor targets = mt::empty({flags.batch_size, flags.seq_len}, ids);
+  const mt::Tensor loss_out = mt::zeros({1}, mt::TensorOptions().device(placement.device));
+  auto train_step = [&] {
     mt::Tensor loss;
     {
       mt::AutocastGuard autocast(placement.device.type, placement.amp.value_or(mt::DType::bf16),
                                  placement.amp.has_value());
-      loss = model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device));
+      loss = model.loss(inputs, targets);
     }
     if (ddp) {
       ddp->zero_grad();  // gradients as views into the all-reduce buckets
     } else {
-      optimizer.zero_grad();
+      optimizer.zero_grad(/*set_to_none=*/!flags.cuda_graph);  // a captured step keeps its buffers
     }
     scaler.scale(loss).backward();
     if (ddp) ddp->synchronize();  // every rank now holds the average gradient
@@ -296,6 +304,20 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     }
     scaler.step(optimizer);
     scaler.update();
+    loss_out.copy_(loss.detach().reshape({1}));
+  };
+  mt::CudaGraphStep graph_step(placement.device, train_step, {&optimizer}, /*warmup=*/2, flags.cuda_graph);
+
+  TrainResult result;
+  const mt::AnomalyGuard anomaly(flags.detect_anomaly);
+  if (flags.deterministic) mt::backends::set_deterministic_algorithms(true);
+  model.train();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = first_step; step <= flags.steps; ++step) {
+    const mt::data::Batch batch = batcher.next();
+    inputs.copy_(batch.inputs);
+    targets.copy_(batch.targets);
+    graph_step.run();
     const double lr = schedule.last_lr();
     schedule.step();
     if (saves) {
@@ -313,7 +335,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
 
     if (step == first_step || step % flags.log_every == 0 || step == flags.steps) {
       // The only read-back of a step, and only when logging; averaged over the ranks.
-      const double value = placement.world_size() > 1 ? placement.group->mean_over_ranks(loss.item()) : loss.item();
+      const double value =
+          placement.world_size() > 1 ? placement.group->mean_over_ranks(loss_out.item()) : loss_out.item();
       if (!std::isfinite(value) && !fp16) {
         throw mt::Error("the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
                         "; lower --lr or check the data");

@@ -67,6 +67,7 @@ struct TrainFlags {
   int64_t stop_at = 0;             // stop after this step as a signal would (0: never)
   bool detect_anomaly = false;     // name the first op whose output is NaN or inf (slow)
   bool deterministic = false;      // repeatable kernels only (mt::backends::set_deterministic_algorithms)
+  bool cuda_graph = false;         // capture the step once and replay it (mt::CudaGraphStep)
   void add_to(CLI::App& app, const std::string& data_help);
 };
 

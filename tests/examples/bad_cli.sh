@@ -73,6 +73,7 @@ check checkpoint_mode_unknown "'all' is not one of off, blocks, blocks:K" "${tra
 check resume_without_save_dir "gpt_train: --resume needs --save-dir" "${train[@]}" --data "$w/a.tok" --resume
 check seq_len_over_context "--seq-len 32 exceeds the model's n_positions 16" "${train[@]}" --data "$w/a.tok" \
   --seq-len 32 --context 16
+check cuda_graph_on_cpu "gpt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""

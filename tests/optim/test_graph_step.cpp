@@ -119,22 +119,35 @@ TEST(CudaGraphStep, WhatAReplayCannotHonourIsAnErrorNamingTheFix) {
   EXPECT_TRUE(std::isfinite(t.loss_out.item()));
 }
 
-TEST(CudaGraphStep, ALearningRateChangedAfterTheCaptureIsAnError) {
+// AdamW reads its learning rate from device memory: a schedule may change it between
+// replays, and the replays follow it exactly as eager steps do. A weight decay is baked
+// into the graph: changing it is an error until reset().
+TEST(CudaGraphStep, ReplaysFollowAScheduledLearningRateAndRefuseAChangedWeightDecay) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 5);
+  TinyTraining eager(cuda_device(0), 5), graphed(cuda_device(0), 5);
   CudaGraphStep step(
-      cuda_device(0), [&] { t.step(); }, {t.opt.get()}, /*warmup=*/1);
-  step.run();
-  step.run();
-  t.opt->param_groups()[0].lr = 5e-3;
+      cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()}, /*warmup=*/1);
+  for (int i = 0; i < 6; ++i) {
+    const double lr = 1e-2 / (1 + i);  // a decaying schedule
+    eager.opt->param_groups()[0].lr = lr;
+    graphed.opt->param_groups()[0].lr = lr;
+    eager.load_batch(i);
+    eager.step();
+    graphed.load_batch(i);
+    step.run();
+  }
+  EXPECT_TRUE(step.captured());
+  EXPECT_EQ(flat(graphed), flat(eager));
+  graphed.opt->param_groups()[0].weight_decay = 0.5;
   try {
     step.run();
     FAIL() << "expected an error";
   } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight decay"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("reset()"), std::string::npos) << e.what();
   }
   step.reset();
-  step.run();  // captures again with the new rate
+  step.run();  // captures again with the new decay
   EXPECT_TRUE(step.captured());
 }
 
@@ -145,7 +158,8 @@ TEST(CudaGraphStep, OnTheCpuTheStepSimplyRuns) {
   EXPECT_EQ(calls, 5);
   EXPECT_FALSE(step.captured());
   // Disabled (a command-line switch), even for a CUDA device it only calls the step.
-  CudaGraphStep disabled(cuda_device(0), [&] { ++calls; }, {}, /*warmup=*/1, /*enabled=*/false);
+  CudaGraphStep disabled(
+      cuda_device(0), [&] { ++calls; }, {}, /*warmup=*/1, /*enabled=*/false);
   for (int i = 0; i < 3; ++i) disabled.run();
   EXPECT_EQ(calls, 8);
   EXPECT_FALSE(disabled.captured());
