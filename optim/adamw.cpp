@@ -102,6 +102,9 @@ void AdamW::step_unless(const Tensor& found_inf) {
 const Tensor& AdamW::rates_on(int device) {
   auto it = rates_on_device_.find(device);
   if (it == rates_on_device_.end()) {
+    MT_CHECK(!cuda::capturing(), "AdamW: the first step on cuda:", device,
+             " is inside a CUDA Graph capture; run one step eagerly first (its learning rates must be in device "
+             "memory before the capture)");
     const auto groups = static_cast<int64_t>(groups_.size());
     it =
         rates_on_device_.emplace(device, empty({groups}, TensorOptions().dtype(DType::f64).device(cuda_device(device))))

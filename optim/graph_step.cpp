@@ -92,8 +92,11 @@ void CudaGraphStep::run() {
     ++s.eager_runs;
     return;
   }
+  // Refreshed first: a refused capture runs the step once, and must see the rate of the moment
+  // (the fills are enqueued before the capture starts, so they are not recorded).
+  const std::vector<bool> refreshed = s.refresh_for_replay();
   if (!s.graph.captured()) s.capture();  // the capture records the step without running it
-  s.check_learning_rates(s.refresh_for_replay());
+  s.check_learning_rates(refreshed);
   s.graph.replay(cuda::current_stream(s.device.index));
 }
 

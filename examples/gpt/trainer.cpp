@@ -278,6 +278,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
            "--cuda-graph is for one process (NCCL's collectives are not captured)");
   MT_CHECK(!flags.cuda_graph || !flags.detect_anomaly,
            "--cuda-graph and --detect-anomaly exclude each other: the anomaly mode reads every output back");
+  MT_CHECK(!flags.cuda_graph || model.config().dropout == 0, "--cuda-graph needs dropout 0 (the model has ",
+           model.config().dropout, "): a replayed step would draw the same random numbers every time");
   // The step reads its batch from tensors that stay put (a captured step reads the same
   // addresses every replay) and leaves its loss in loss_out.
   const mt::TensorOptions ids = mt::TensorOptions().dtype(mt::DType::i64).device(placement.device);
@@ -318,6 +320,8 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     inputs.copy_(batch.inputs);
     targets.copy_(batch.targets);
     graph_step.run();
+    // A replayed step runs no host code: the loss scaler's limits are checked here instead.
+    if (fp16 && graph_step.captured() && step % 100 == 0) scaler.check_limits();
     const double lr = schedule.last_lr();
     schedule.step();
     if (saves) {
