@@ -31,8 +31,6 @@ thread_local AutocastState t_state;
 
 DeviceTypeState& for_type(DeviceType t) { return t_state.per_type[static_cast<int>(t)]; }
 
-bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-
 Tensor cast_to(const Tensor& t, DType target) {
   if (t.dtype() == target) return t;
   const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf();

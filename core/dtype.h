@@ -46,6 +46,9 @@ constexpr bool is_compute_floating(DType t) {
   return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16;
 }
 
+// The 16-bit floating types autocast computes in (f32 accumulates them).
+constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
 constexpr bool is_integral(DType t) {
   return t == DType::i64 || t == DType::i32 || t == DType::u8 || t == DType::boolean;
 }

@@ -27,7 +27,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     for (const Tensor& p : g.params) {
       MT_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
       const TensorOptions opts = TensorOptions().dtype(moment_dtype(p)).device(p.device());
-      const bool narrow = p.dtype() == DType::f16 || p.dtype() == DType::bf16;
+      const bool narrow = is_half(p.dtype());
       Tensor master = options.master_weights() && narrow ? raw::to(p, DType::f32) : Tensor();
       states.push_back(State{zeros(p.shape(), opts), zeros(p.shape(), opts),
                              zeros({1}, TensorOptions().dtype(DType::i64).device(p.device())), master});

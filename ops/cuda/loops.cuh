@@ -124,8 +124,7 @@ bool dispatch_f32_or_half(DType dtype, Fn&& fn) {
 // nothing) otherwise, and when neither input is a half type.
 template <typename Op>
 bool map_binary_f32_from_mixed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
-  const auto half = [](DType d) { return d == DType::f16 || d == DType::bf16; };
-  if (out.dtype() != DType::f32 || !(half(a.dtype()) || half(b.dtype()))) return false;
+  if (out.dtype() != DType::f32 || !(is_half(a.dtype()) || is_half(b.dtype()))) return false;
   if (a.shape() != out.shape() || b.shape() != out.shape()) return false;
   const auto dense = [](const Tensor& t) {
     return t.is_contiguous() && aligned_to(t.data_ptr(), 4 * element_size(t.dtype()));

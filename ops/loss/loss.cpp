@@ -88,9 +88,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   // go through the policy's cast (a no-op for them): casting low-precision logits first would
   // give the same numbers (widening is exact) but an f32 copy of the [N, V] logits, saved for
   // backward, and an f32 gradient of that size too.
-  const Tensor logits = input.dtype() == DType::f16 || input.dtype() == DType::bf16
-                            ? input
-                            : autocast::cast_input("cross_entropy", input);
+  const Tensor logits = is_half(input.dtype()) ? input : autocast::cast_input("cross_entropy", input);
   validate(logits, target);
   const ClassLastLayout layout = class_last_layout(logits);
   // [rows, C] and [rows], contiguous (views when the inputs already are).

@@ -67,7 +67,7 @@ MatrixOperand make_operand(const Tensor& t, int64_t batch) {
 void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmArgs& args) {
   MT_INTERNAL_ASSERT(out.dim() == 3 && a_in.dim() == 3 && b_in.dim() == 3, "gemm: operands must be 3-D, got ",
                      describe(out), ", ", describe(a_in), ", ", describe(b_in));
-  const bool half_in = a_in.dtype() == DType::f16 || a_in.dtype() == DType::bf16;
+  const bool half_in = is_half(a_in.dtype());
   const bool wide_out = out.dtype() == DType::f32 && half_in;  // f16/bf16 products kept in f32
   MT_INTERNAL_ASSERT(a_in.dtype() == b_in.dtype() && (a_in.dtype() == out.dtype() || wide_out) &&
                          a_in.device() == out.device() && b_in.device() == out.device(),

@@ -42,8 +42,6 @@ DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
 Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? raw::contiguous(t) : Tensor(); }
 
-bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-
 // Whether the CUDA kernels read or write `io` (y, dy) directly for an x of x_dtype:
 // the same dtype, or a half type for f32.
 bool cuda_io(DType x_dtype, DType io) { return io == x_dtype || (x_dtype == DType::f32 && is_half(io)); }

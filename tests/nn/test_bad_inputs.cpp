@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/training_checkpoint.h"
+#include "tests/nn/tiny_gpt.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
@@ -20,16 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-
-GPTConfig tiny_config() {
-  GPTConfig c;
-  c.vocab_size = 37;
-  c.n_positions = 16;
-  c.n_embd = 24;
-  c.n_layer = 2;
-  c.n_head = 3;
-  return c;
-}
 
 std::string fresh_dir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "mt_bad_inputs_" + name;

@@ -9,20 +9,11 @@
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "tests/nn/tiny_gpt.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
 namespace {
-
-GPTConfig tiny_config() {
-  GPTConfig c;
-  c.vocab_size = 37;
-  c.n_positions = 16;
-  c.n_embd = 24;
-  c.n_layer = 2;
-  c.n_head = 3;
-  return c;
-}
 
 std::string scratch_dir(const std::string& name) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("mt_gpt_" + name)).string();
