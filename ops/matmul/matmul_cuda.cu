@@ -285,10 +285,16 @@ bool gemm_typed(const GemmProblem& p) {
                                                          &lt_c.alignment, sizeof(lt_c.alignment)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(),
-                                                   layout_c.get(), raw_pref, /*requestedAlgoCount=*/1, &result,
-                                                   &found));
-    // An epilogue narrows the choice; without one cuBLASLt always has an algorithm.
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(),
+                                                                 layout_c.get(), layout_c.get(), raw_pref,
+                                                                 /*requestedAlgoCount=*/1, &result, &found);
+    // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
+    // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
+    if (with_row_sums && status == CUBLAS_STATUS_NOT_SUPPORTED) {
+      found = 0;
+    } else {
+      MT_CUBLAS_CHECK(status);
+    }
     MT_CHECK(found > 0 || with_row_sums, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
     choice = AlgoChoice{result.algo, result.workspaceSize, found > 0};
     std::lock_guard<std::mutex> lock(algo_mutex());
