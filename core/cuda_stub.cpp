@@ -56,6 +56,10 @@ Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;
 void Graph::capture(const Stream&, const std::function<void()>&) { no_cuda("Graph::capture"); }
 void Graph::replay(const Stream&) const { no_cuda("Graph::replay"); }
+std::string Graph::observe(const Stream&, const std::function<void()>&) {
+  no_cuda("Graph::observe");
+  return {};
+}
 void Graph::reset() {}
 
 }  // namespace mt::cuda
@@ -63,6 +67,7 @@ void Graph::reset() {}
 namespace mt::kernels {
 void copy_cuda(const Tensor&, const Tensor&) { no_cuda("copy"); }
 void fill_cuda(const Tensor&, double) { no_cuda("fill_"); }
+void arange_cuda(const Tensor&, double, double) { no_cuda("arange"); }
 void accumulate_cuda(const Tensor&, const Tensor&) { no_cuda("accumulate_"); }
 void random_cuda(const Tensor&, Distribution, double, double, uint64_t, uint64_t) { no_cuda("rand"); }
 }  // namespace mt::kernels

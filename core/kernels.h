@@ -20,6 +20,8 @@ void random_cpu(const Tensor& dst, Distribution dist, double a, double b, uint64
 void copy_cuda(const Tensor& dst, const Tensor& src);
 void accumulate_cuda(const Tensor& dst, const Tensor& src);
 void fill_cuda(const Tensor& dst, double value);
+// dst (contiguous) gets start + i * step at flat index i, rounded as the CPU's arange rounds.
+void arange_cuda(const Tensor& dst, double start, double step);
 void random_cuda(const Tensor& dst, Distribution dist, double a, double b, uint64_t seed, uint64_t offset);
 
 }  // namespace mt::kernels

@@ -180,6 +180,13 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
   MT_CHECK((end - start) / step >= 0, "arange: start ", start, ", end ", end, " and step ", step,
            " give a negative length");
   const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  if (options.device().is_cuda()) {
+    // Made on the device: a copy from host memory inside a captured CUDA Graph would re-read
+    // that (by then freed) memory at every replay.
+    Tensor out = empty({n}, options.requires_grad(false));
+    kernels::arange_cuda(out, start, step);
+    return finish(out, options);
+  }
   std::vector<double> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = start + static_cast<double>(i) * step;
   return from_vector(values, {n}, options);

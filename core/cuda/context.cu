@@ -223,7 +223,7 @@ std::atomic<size_t> poisoned_count{0};  // lets every other free skip the lock
 
 void internal::set_capture_ledger(internal::CaptureLedger* ledger) { t_capture_ledger = ledger; }
 
-bool capturing() { return t_capture_ledger != nullptr; }
+bool capturing() { return t_capture_ledger != nullptr && t_capture_ledger->capturing; }
 
 void internal::free_deferred(internal::CaptureLedger& ledger) {
   for (const internal::CaptureLedger::DeferredFree& f : ledger.deferred) {
@@ -243,7 +243,7 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
   DeviceGuard guard(device);
   void* ptr = nullptr;
   cudaError_t status = cudaMallocAsync(&ptr, nbytes, stream);
-  if (status == cudaErrorMemoryAllocation && t_capture_ledger == nullptr) {
+  if (status == cudaErrorMemoryAllocation && !capturing()) {
     // The pool may hold blocks freed on other streams: return them to the driver
     // and try once more before giving up (not while capturing: that would synchronise).
     cudaGetLastError();
@@ -324,6 +324,12 @@ void empty_cache(int device) {
 
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
   if (nbytes == 0) return;
+  // A graph would record the host address and read it again at every replay, long after
+  // the host buffer (a temporary, mostly) is gone: silently wrong data, so refused.
+  MT_CHECK(!(kind == CopyKind::host_to_device && capturing()), "a copy of ", format_bytes(nbytes),
+           " from host memory to cuda:", device,
+           " inside a CUDA Graph capture: a replay would read that host memory again, after it is gone. Make the "
+           "device tensor before the capture (x.copy_(batch) between replays), or on the device (arange, full)");
   DeviceGuard guard(device);
   const Stream stream = current_stream(device);
   const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice

@@ -121,6 +121,15 @@ __global__ void fill_kernel(T* dst, StridedIndexer di, T value, int64_t n) {
   }
 }
 
+// In double, each operation rounded on its own (no fused multiply-add), as the host computes it.
+template <typename T>
+__global__ void arange_kernel(T* dst, double start, double step, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = convert<T>(__dadd_rn(start, __dmul_rn(static_cast<double>(i), step)));
+  }
+}
+
 template <typename T>
 __global__ void random_kernel(T* dst, StridedIndexer di, Distribution dist, double a, double b, uint64_t seed,
                               uint64_t offset, int64_t n) {
@@ -225,6 +234,19 @@ void fill_cuda(const Tensor& dst, double value) {
     using T = typename decltype(tag)::type;
     fill_kernel<T><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(static_cast<T*>(dst.data_ptr()), di,
                                                                                 convert<T>(value), n);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void arange_cuda(const Tensor& dst, double start, double step) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  MT_INTERNAL_ASSERT(dst.is_contiguous(), "arange_cuda: the destination must be contiguous");
+  const cuda::Stream stream = cuda::current_stream(dst.device().index);
+  dispatch_all(dst.dtype(), "arange", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    arange_kernel<T>
+        <<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(static_cast<T*>(dst.data_ptr()), start, step, n);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -150,6 +150,22 @@ TEST(CudaRandom, ManualSeedSeedsTheCudaGenerator) {
   EXPECT_EQ(mt::default_generator(kCuda).seed(), 123u);
 }
 
+// arange is made on the device (a captured graph must not copy from host memory), with the
+// host's rounding: every dtype, fractional and negative steps, bitwise equal to the CPU's.
+TEST(CudaFactories, ArangeIsBitwiseEqualToTheCpuOne) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (const DType dtype : kAllDTypes) {
+    if (dtype == DType::boolean) continue;
+    for (const auto& [start, end, step] :
+         {std::tuple{0.0, 4099.0, 1.0}, std::tuple{0.1, 7.3, 0.3}, std::tuple{5.0, -3.0, -0.7}}) {
+      const Tensor c = mt::arange(start, end, step, TensorOptions().dtype(dtype));
+      const Tensor g = mt::arange(start, end, step, TensorOptions().dtype(dtype).device(kCuda));
+      EXPECT_TRUE(g.is_cuda());
+      EXPECT_EQ(host_bytes(g), host_bytes(c)) << mt::dtype_name(dtype) << " start " << start << " step " << step;
+    }
+  }
+}
+
 // ---- transfers and conversions ----
 
 class CudaDTypeTest : public ::testing::TestWithParam<DType> {};
