@@ -156,6 +156,10 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
 
   void capture(const Stream& stream, const std::function<void()>& body);
+  // Runs `body` eagerly on `stream` while the allocator keeps the ledger a capture would, and
+  // returns what would make capture() refuse it (tensors kept, or older ones freed), or "".
+  // A step that fails this check is never captured, so no graph that keeps memory is launched.
+  static std::string observe(const Stream& stream, const std::function<void()>& body);
   void replay(const Stream& stream) const;  // the recorded work, enqueued on `stream`
   bool captured() const { return exec_ != nullptr; }
   size_t nodes() const { return nodes_; }  // kernels, copies, allocations... in the graph

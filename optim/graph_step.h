@@ -15,7 +15,10 @@
 // optimizer moments, cuBLASLt workspaces, cuDNN plans) exists before the capture; the next
 // run captures it on the device's current stream (cuda::Graph, whose rules it inherits: no
 // host synchronisation, results into existing tensors) and replays it; every later run
-// replays. On the CPU run() simply calls the step.
+// replays. On the CPU run() simply calls the step. With warmup >= 2 the last warm-up run is
+// watched as a capture would be (cuda::Graph::observe): a step that keeps or frees tensors
+// across steps (gradients set to none, say) is refused then, while it runs eagerly, and no
+// graph of it is made; with warmup 1 the capture itself refuses it after running it once.
 //
 // Before each replay the given optimizers bring what their kernels read from device memory
 // up to date (Optimizer::prepare_replay): AdamW reads its learning rates there, so a

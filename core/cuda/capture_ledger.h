@@ -16,7 +16,10 @@ struct CaptureLedger {
     size_t nbytes;
     StreamHandle stream;
   };
-  StreamHandle stream = nullptr;           // the capturing stream
+  StreamHandle stream = nullptr;  // the capturing stream
+  // False while an eager step is only observed (Graph::observe): then nothing is recorded,
+  // frees of older memory still wait for the end of the step, and capturing() is false.
+  bool capturing = true;
   std::unordered_map<void*, size_t> live;  // allocated during the capture and not yet freed: bytes
   // Memory made before the capture and released during it, on the capturing stream: a graph
   // may free only its own allocations, so these are freed after the capture has ended.

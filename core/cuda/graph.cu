@@ -167,6 +167,26 @@ void Graph::capture(const Stream& stream, const std::function<void()>& body) {
   nodes_ = nodes;
 }
 
+std::string Graph::observe(const Stream& stream, const std::function<void()>& body) {
+  DeviceGuard on_device(stream.device());
+  internal::CaptureLedger ledger;
+  ledger.stream = stream.handle();
+  ledger.capturing = false;
+  internal::set_capture_ledger(&ledger);
+  try {
+    body();
+  } catch (...) {
+    internal::set_capture_ledger(nullptr);
+    internal::free_deferred(ledger);
+    throw;
+  }
+  internal::set_capture_ledger(nullptr);
+  internal::free_deferred(ledger);
+  ledger.other_stream_allocations = 0;  // eager work on another stream is no concern here
+  const std::string problems = ledger_problems(ledger);
+  return problems.empty() ? problems : problems.substr(0, problems.size() - 1);
+}
+
 void Graph::replay(const Stream& stream) const {
   MT_CHECK(exec_ != nullptr, "Graph::replay: nothing has been captured");
   DeviceGuard on_device(stream.device());

@@ -5,10 +5,12 @@
 
 #include "core/safetensors.h"
 #include "core/view.h"
+#include "ops/backends.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "optim/graph_step.h"
 #include "tests/nn/tiny_gpt.h"
 #include "tests/test_util.h"
 
@@ -331,6 +333,59 @@ TEST(GPT, CudaCheckpointingMatchesWithinF32Rounding) {
       EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-6) << mode << " tensor " << i;
     }
   }
+}
+
+// A GPT step (positions, embeddings, attention, the fused head) replayed from a CUDA Graph
+// gives the eager steps' losses and weights bit for bit.
+TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  // cuDNN's attention backward adds dQ with atomics unless asked not to.
+  struct Deterministic {
+    const bool was = backends::deterministic_algorithms();
+    Deterministic() { backends::set_deterministic_algorithms(true); }
+    ~Deterministic() { backends::set_deterministic_algorithms(was); }
+  } deterministic;
+  const Device cuda("cuda");
+  const GPTConfig c = tiny_config();
+  struct Run {
+    std::unique_ptr<GPT> model;
+    std::unique_ptr<AdamW> opt;
+    Tensor x, y, loss_out;
+    void step() {
+      opt->zero_grad(/*set_to_none=*/false);
+      Tensor loss;
+      {
+        AutocastGuard amp(DeviceType::cuda, DType::bf16);
+        loss = model->loss(x, y);
+      }
+      loss.backward();
+      opt->step();
+      loss_out.copy_(loss.reshape({1}));
+    }
+  };
+  auto make = [&] {
+    Generator g(21);
+    Run r{std::make_unique<GPT>(c, &g), nullptr, zeros({2, 15}, TensorOptions(DType::i64).device(cuda)),
+          zeros({2, 15}, TensorOptions(DType::i64).device(cuda)), zeros({1}, TensorOptions().device(cuda))};
+    r.model->to(cuda);
+    r.opt = std::make_unique<AdamW>(r.model->parameters(), AdamWOptions(1e-2));
+    return r;
+  };
+  Run eager = make(), graphed = make();
+  CudaGraphStep step(cuda, [&] { graphed.step(); }, {graphed.opt.get()});
+  for (int i = 0; i < 6; ++i) {
+    const Tensor ids = random_ids(2, 16, c.vocab_size, 100 + static_cast<uint64_t>(i)).to(cuda);
+    for (Run* r : {&eager, &graphed}) {
+      r->x.copy_(ids.slice(1, 0, 15));
+      r->y.copy_(ids.slice(1, 1, 16));
+    }
+    eager.step();
+    step.run();
+    EXPECT_EQ(graphed.loss_out.item(), eager.loss_out.item()) << "step " << i;
+  }
+  EXPECT_TRUE(step.captured());
+  const auto e = eager.model->named_parameters(), g = graphed.model->named_parameters();
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_EQ(values(g[i].second), values(e[i].second)) << e[i].first;
 }
 
 TEST(GPT, CudaMatchesCpu) {

@@ -66,13 +66,15 @@ std::vector<double> flat(const TinyTraining& t) {
   return all;
 }
 
-std::string capture_error(const std::function<void()>& step) {
-  CudaGraphStep graph(cuda_device(0), step, {}, /*warmup=*/1);
-  graph.run();  // eager
-  try {
-    graph.run();  // captures
-  } catch (const std::exception& e) {
-    return e.what();
+// The error of the first of warmup + 1 runs that fails (the last one captures), or "".
+std::string capture_error(const std::function<void()>& step, int warmup = 1) {
+  CudaGraphStep graph(cuda_device(0), step, {}, warmup);
+  for (int run = 0; run <= warmup; ++run) {
+    try {
+      graph.run();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
   }
   return "";
 }
@@ -96,25 +98,66 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
   EXPECT_EQ(flat(graphed), flat(eager));
 }
 
-TEST(CudaGraphStep, WhatAReplayCannotHonourIsAnErrorNamingTheFix) {
+// What a replay cannot honour is an error naming the fix; one test per case, so that a
+// sanitizer report names the case. After each, the stream still works.
+// Gradients set to none: backward's fresh gradients would outlive the capture. With the
+// default two warm-up runs the second one, run eagerly under watch, refuses the step; with
+// one, the capture refuses it and runs it once.
+TEST(CudaGraphStep, KeptGradientsAreAnErrorNamingZeroGradWithoutNone) {
   MT_SKIP_WITHOUT_CUDA();
   TinyTraining t(cuda_device(0), 3);
-  // Gradients set to none: backward's fresh gradients would outlive the capture.
-  EXPECT_NE(capture_error([&] { t.step(/*keep_grads=*/false); }).find("zero_grad(/*set_to_none=*/false)"),
-            std::string::npos);
-  // A host synchronisation inside the step.
+  const std::string watched = capture_error([&] { t.step(/*keep_grads=*/false); }, /*warmup=*/2);
+  EXPECT_NE(watched.find("ran as an eager step"), std::string::npos) << watched;
+  EXPECT_NE(watched.find("zero_grad(/*set_to_none=*/false)"), std::string::npos) << watched;
+  t.step();
+  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+}
+
+TEST(CudaGraphStep, KeptGradientsAreRefusedByTheCaptureAfterOneWarmUp) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining t(cuda_device(0), 3);
+  const std::string captured = capture_error([&] { t.step(/*keep_grads=*/false); }, /*warmup=*/1);
+  EXPECT_NE(captured.find("it ran once, as an eager step"), std::string::npos) << captured;
+  EXPECT_NE(captured.find("zero_grad(/*set_to_none=*/false)"), std::string::npos) << captured;
+  t.step();
+  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+}
+
+TEST(CudaGraphStep, AHostSynchronisationIsAnErrorAndTheStreamStillWorks) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining t(cuda_device(0), 3);
   const std::string sync = capture_error([&] {
     t.step();
     (void)t.loss_out.item();
   });
   EXPECT_NE(sync.find("must not synchronise"), std::string::npos) << sync;
-  // Random numbers from the default generator.
+  t.step();
+  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+}
+
+TEST(CudaGraphStep, RandomNumbersFromTheDefaultGeneratorAreAnError) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining t(cuda_device(0), 3);
   const std::string random = capture_error([&] {
     t.step();
     (void)dropout(t.x, 0.5, true);
   });
   EXPECT_NE(random.find("Philox"), std::string::npos) << random;
-  // The stream still works after the failed captures.
+  t.step();
+  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+}
+
+// A copy from host memory would be recorded by address and re-read at every replay, after the
+// host buffer is gone: refused, naming the way out.
+TEST(CudaGraphStep, ACopyFromHostMemoryIsAnError) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining t(cuda_device(0), 3);
+  const std::string copy = capture_error([&] {
+    t.step();
+    t.x.copy_(zeros({64, 16}));  // a CPU tensor
+  });
+  EXPECT_NE(copy.find("from host memory"), std::string::npos) << copy;
+  EXPECT_NE(copy.find("before the capture"), std::string::npos) << copy;
   t.step();
   EXPECT_TRUE(std::isfinite(t.loss_out.item()));
 }
