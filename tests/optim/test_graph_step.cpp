@@ -3,6 +3,7 @@
 // random numbers) is an error naming the fix. CUDA cases skip without a GPU; the CPU case
 // checks that the step simply runs there.
 #include <string>
+#include <vector>
 
 #include "core/cuda_context.h"
 #include "core/random.h"
@@ -99,67 +100,62 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a
-// sanitizer report names the case. After each, the stream still works.
+// sanitizer report names the case. `body` runs under a CudaGraphStep with `warmup` eager runs;
+// the error must contain each of `expected`, and afterwards an eager step still works.
+void expect_refused(const std::function<void(TinyTraining&)>& body, const std::vector<std::string>& expected,
+                    int warmup = 1) {
+  TinyTraining t(cuda_device(0), 3);
+  const std::string error = capture_error([&] { body(t); }, warmup);
+  for (const std::string& part : expected) EXPECT_NE(error.find(part), std::string::npos) << error;
+  t.step();
+  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+}
+
 // Gradients set to none: backward's fresh gradients would outlive the capture. With the
 // default two warm-up runs the second one, run eagerly under watch, refuses the step; with
 // one, the capture refuses it and runs it once.
 TEST(CudaGraphStep, KeptGradientsAreAnErrorNamingZeroGradWithoutNone) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 3);
-  const std::string watched = capture_error([&] { t.step(/*keep_grads=*/false); }, /*warmup=*/2);
-  EXPECT_NE(watched.find("ran as an eager step"), std::string::npos) << watched;
-  EXPECT_NE(watched.find("zero_grad(/*set_to_none=*/false)"), std::string::npos) << watched;
-  t.step();
-  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+  expect_refused([](TinyTraining& t) { t.step(/*keep_grads=*/false); },
+                 {"ran as an eager step", "zero_grad(/*set_to_none=*/false)"}, /*warmup=*/2);
 }
 
 TEST(CudaGraphStep, KeptGradientsAreRefusedByTheCaptureAfterOneWarmUp) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 3);
-  const std::string captured = capture_error([&] { t.step(/*keep_grads=*/false); }, /*warmup=*/1);
-  EXPECT_NE(captured.find("it ran once, as an eager step"), std::string::npos) << captured;
-  EXPECT_NE(captured.find("zero_grad(/*set_to_none=*/false)"), std::string::npos) << captured;
-  t.step();
-  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+  expect_refused([](TinyTraining& t) { t.step(/*keep_grads=*/false); },
+                 {"it ran once, as an eager step", "zero_grad(/*set_to_none=*/false)"}, /*warmup=*/1);
 }
 
 TEST(CudaGraphStep, AHostSynchronisationIsAnErrorAndTheStreamStillWorks) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 3);
-  const std::string sync = capture_error([&] {
-    t.step();
-    (void)t.loss_out.item();
-  });
-  EXPECT_NE(sync.find("must not synchronise"), std::string::npos) << sync;
-  t.step();
-  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+  expect_refused(
+      [](TinyTraining& t) {
+        t.step();
+        (void)t.loss_out.item();
+      },
+      {"must not synchronise"});
 }
 
 TEST(CudaGraphStep, RandomNumbersFromTheDefaultGeneratorAreAnError) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 3);
-  const std::string random = capture_error([&] {
-    t.step();
-    (void)dropout(t.x, 0.5, true);
-  });
-  EXPECT_NE(random.find("Philox"), std::string::npos) << random;
-  t.step();
-  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+  expect_refused(
+      [](TinyTraining& t) {
+        t.step();
+        (void)dropout(t.x, 0.5, true);
+      },
+      {"Philox"});
 }
 
 // A copy from host memory would be recorded by address and re-read at every replay, after the
 // host buffer is gone: refused, naming the way out.
 TEST(CudaGraphStep, ACopyFromHostMemoryIsAnError) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 3);
-  const std::string copy = capture_error([&] {
-    t.step();
-    t.x.copy_(zeros({64, 16}));  // a CPU tensor
-  });
-  EXPECT_NE(copy.find("from host memory"), std::string::npos) << copy;
-  EXPECT_NE(copy.find("before the capture"), std::string::npos) << copy;
-  t.step();
-  EXPECT_TRUE(std::isfinite(t.loss_out.item()));
+  expect_refused(
+      [](TinyTraining& t) {
+        t.step();
+        t.x.copy_(zeros({64, 16}));  // a CPU tensor
+      },
+      {"from host memory", "before the capture"});
 }
 
 // AdamW reads its learning rate from device memory: a schedule may change it between
