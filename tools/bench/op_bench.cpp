@@ -19,11 +19,15 @@
 // bytes any implementation must move (formulas at each op). Element-wise arithmetic runs on CUDA
 // cores, not tensor cores, so it is not counted against the GEMM rate: those ops are bound by bytes.
 //
-// Timing: --warmup untimed iterations, then --iters iterations each timed on its own, the median
-// printed. On CUDA a pair of events on the current stream brackets each iteration, so the time
-// runs from the end of the previous iteration's work to the end of this one's (host launch gaps
-// included, as a training loop sees them); on the CPU, steady_clock. tools/bench/op_bench_torch.py
-// is the PyTorch twin and prints the same `op_bench_torch: <op> <median_ms>` lines.
+// Timing: --warmup untimed runs, then --iters timed ones, the median printed. Each op has --sets
+// input sets (AdamW one: its state is far larger than L2), used in turn, so that repeated runs do
+// not find their inputs in the 50 MB L2. On CUDA the op's runs over every set are captured in one
+// CUDA Graph after the warm-up and each replay is timed between two events, divided by the sets:
+// the op's device time without the host's launch gaps (the way to time small ops; --eager times
+// each run between events instead, launch gaps included, as a training loop without graphs sees
+// them). An op whose capture is refused is timed eagerly, and the table says so. On the CPU,
+// steady_clock. tools/bench/op_bench_torch.py is the PyTorch twin, timed the same way, and prints
+// the same `op_bench_torch: <op> <median_ms>` lines.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -53,11 +57,14 @@ struct Shapes {
 struct Timing {
   mt::Device device;
   int64_t warmup = 5, iters = 50;
+  int64_t sets = 4;   // input sets per op, used in turn
+  bool graph = true;  // CUDA: time replays of a captured graph
 };
 
 // One op's result: the median and what bounds it.
 struct Measurement {
   std::string op, shape;
+  std::string timed;  // "graph" or "eager", and why eager where a graph was asked for
   double ms = 0;
   double flops = 0;  // matrix-product FLOPs (0: none worth counting)
   double bytes = 0;  // the least the op must read and write
@@ -74,8 +81,8 @@ double median(std::vector<double> v) {
 }
 
 // Runs `body` timing.warmup times untimed, then timing.iters times, each timed; returns the median in ms.
-double time_median_ms(const Timing& timing, const std::function<void()>& body) {
-  for (int64_t i = 0; i < timing.warmup; ++i) body();
+double time_eager_ms(const Timing& timing, const std::function<void(int64_t)>& body, int64_t sets = 1) {
+  for (int64_t i = 0; i < timing.warmup; ++i) body(i % sets);
   std::vector<double> ms;
   if (timing.device.is_cuda()) {
     const int index = timing.device.index;
@@ -87,7 +94,7 @@ double time_median_ms(const Timing& timing, const std::function<void()>& body) {
     }
     for (int64_t i = 0; i < timing.iters; ++i) {
       starts[i].record(mt::cuda::current_stream(index));
-      body();
+      body(i % sets);
       ends[i].record(mt::cuda::current_stream(index));
     }
     mt::cuda::synchronize_device(index);
@@ -95,10 +102,55 @@ double time_median_ms(const Timing& timing, const std::function<void()>& body) {
   } else {
     for (int64_t i = 0; i < timing.iters; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      body();
+      body(i % sets);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     }
   }
+  return median(ms);
+}
+
+// The first line of an error message, for the table.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Times one op: body(k) runs it on input set k of `sets`. On CUDA with graphs on, after the
+// warm-up the runs over every set are captured in one graph whose replays are timed; the median
+// replay over `sets` is the op's time. Sets m->timed to how it was timed.
+double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(int64_t)>& body, Measurement* m) {
+  if (!timing.device.is_cuda() || !timing.graph) {
+    m->timed = "eager";
+    return time_eager_ms(timing, body, sets);
+  }
+  const int index = timing.device.index;
+  for (int64_t i = 0; i < timing.warmup; ++i) {
+    for (int64_t k = 0; k < sets; ++k) body(k);
+  }
+  const mt::cuda::Stream stream = mt::cuda::current_stream(index);
+  mt::cuda::Graph graph;
+  try {
+    graph.capture(stream, [&] {
+      for (int64_t k = 0; k < sets; ++k) body(k);
+    });
+  } catch (const std::exception& e) {
+    m->timed = "eager (capture refused: " + first_line(e.what()) + ")";
+    std::fprintf(stderr, "op_bench: %s: %s\n", m->op.c_str(), m->timed.c_str());
+    return time_eager_ms(timing, body, sets);
+  }
+  graph.replay(stream);  // the first replay uploads the graph
+  mt::cuda::synchronize_device(index);
+  std::vector<mt::cuda::Event> starts, ends;
+  for (int64_t i = 0; i < timing.iters; ++i) {
+    starts.emplace_back(index, mt::cuda::Event::Timing::enabled);
+    ends.emplace_back(index, mt::cuda::Event::Timing::enabled);
+  }
+  for (int64_t i = 0; i < timing.iters; ++i) {
+    starts[i].record(stream);
+    graph.replay(stream);
+    ends[i].record(stream);
+  }
+  mt::cuda::synchronize_device(index);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < timing.iters; ++i) ms.push_back(starts[i].elapsed_ms(ends[i]) / static_cast<double>(sets));
+  m->timed = "graph";
   return median(ms);
 }
 
@@ -106,7 +158,8 @@ mt::TensorOptions on(const mt::Device& device, mt::DType dtype, bool requires_gr
   return mt::TensorOptions().device(device).dtype(dtype).requires_grad(requires_grad);
 }
 
-// Drops the leaves' gradients (set to none), so each backward writes fresh ones as the first does.
+// Drops the leaves' gradients (set to none) after a backward, so that each backward writes fresh
+// ones as the first does and a captured run keeps nothing it made.
 void clear_grads(std::vector<mt::Tensor> leaves) {
   for (mt::Tensor& t : leaves) t.set_grad(mt::Tensor());
 }
@@ -118,7 +171,7 @@ double measure_gemm_rate(const Timing& timing, mt::DType dtype, int64_t size, do
   mt::Generator generator(1);
   const mt::Tensor a = mt::randn({size, size}, on(timing.device, dtype), &generator);
   const mt::Tensor b = mt::randn({size, size}, on(timing.device, dtype), &generator);
-  const double ms = time_median_ms(timing, [&] { mt::matmul(a, b); });
+  const double ms = time_eager_ms(timing, [&](int64_t) { mt::matmul(a, b); });
   *ms_out = ms;
   return 2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) / ms;
 }
@@ -128,7 +181,7 @@ double measure_copy_bandwidth(const Timing& timing, int64_t mib, double* ms_out)
   const int64_t n = mib << 20;
   const mt::Tensor src = mt::zeros({n}, on(timing.device, mt::DType::u8));
   const mt::Tensor dst = mt::empty({n}, on(timing.device, mt::DType::u8));
-  const double ms = time_median_ms(timing, [&] { dst.copy_(src); });
+  const double ms = time_eager_ms(timing, [&](int64_t) { dst.copy_(src); });
   *ms_out = ms;
   return 2.0 * static_cast<double>(n) / ms;
 }
@@ -138,13 +191,17 @@ double measure_copy_bandwidth(const Timing& timing, int64_t mib, double* ms_out)
 Measurement bench_gemm(const Timing& timing, mt::DType dtype, const Shapes& s, bool with_bias) {
   mt::Generator generator(2);
   const int64_t out = 4 * s.width;
-  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator);                 // [R, C]
-  const mt::Tensor w = mt::randn({out, s.width}, on(timing.device, dtype), &generator);                    // [N, C]
-  const mt::Tensor b = with_bias ? mt::randn({out}, on(timing.device, dtype), &generator) : mt::Tensor();  // [N]
+  std::vector<mt::Tensor> x, w, b;  // per input set: [R, C], [N, C], [N] or undefined
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+    w.push_back(mt::randn({out, s.width}, on(timing.device, dtype), &generator));
+    b.push_back(with_bias ? mt::randn({out}, on(timing.device, dtype), &generator) : mt::Tensor());
+  }
   Measurement m;
   m.op = with_bias ? "gemm_bias" : "gemm";
-  m.shape = mt::shape_str(x.shape()) + " x " + mt::shape_str(w.shape()) + "^T" + (with_bias ? " + b" : "");
-  m.ms = time_median_ms(timing, [&] { mt::linear(x, w, b); });
+  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T" + (with_bias ? " + b" : "");
+  m.ms = time_op_ms(
+      timing, timing.sets, [&](int64_t k) { mt::linear(x[k], w[k], b[k]); }, &m);
   // FLOPs = 2 R C N; bytes: read x [R, C] and W [N, C], write y [R, N] (and read the bias [N]).
   const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width), N = static_cast<double>(out);
   const double es = static_cast<double>(mt::element_size(dtype));
@@ -155,17 +212,23 @@ Measurement bench_gemm(const Timing& timing, mt::DType dtype, const Shapes& s, b
 
 Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes& s) {
   mt::Generator generator(3);
-  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator);  // [R, C]
-  const mt::Tensor w = mt::randn({s.width}, on(timing.device, dtype, true), &generator);          // [C]
-  const mt::Tensor b = mt::randn({s.width}, on(timing.device, dtype, true), &generator);          // [C]
-  const mt::Tensor dy = mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator);       // [R, C]
+  std::vector<mt::Tensor> x, w, b, dy;  // per input set: [R, C], [C], [C], [R, C]
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator));
+    w.push_back(mt::randn({s.width}, on(timing.device, dtype, true), &generator));
+    b.push_back(mt::randn({s.width}, on(timing.device, dtype, true), &generator));
+    dy.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+  }
   Measurement m;
   m.op = "layer_norm";
-  m.shape = mt::shape_str(x.shape()) + " fwd+bwd";
-  m.ms = time_median_ms(timing, [&] {
-    clear_grads({x, w, b});
-    mt::layer_norm(x, w, b).backward(dy);
-  });
+  m.shape = mt::shape_str(x[0].shape()) + " fwd+bwd";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        mt::layer_norm(x[k], w[k], b[k]).backward(dy[k]);
+        clear_grads({x[k], w[k], b[k]});
+      },
+      &m);
   // Bytes: forward reads x, w, b and writes y and the f32 row statistics (mean, rstd); backward
   // reads dy, x, w and the statistics and writes dx, dw, db. Rows: x twice, y, dy, dx = 5 R C;
   // parameters: w twice, b, dw, db = 5 C; statistics: 2 R f32 written and read.
@@ -179,17 +242,23 @@ Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes&
   mt::Generator generator(4);
   const int64_t d = s.width / s.heads;
   const mt::Shape shape = {s.batch, s.heads, s.seq, d};  // [B, H, T, D]
-  const mt::Tensor q = mt::randn(shape, on(timing.device, dtype, true), &generator);
-  const mt::Tensor k = mt::randn(shape, on(timing.device, dtype, true), &generator);
-  const mt::Tensor v = mt::randn(shape, on(timing.device, dtype, true), &generator);
-  const mt::Tensor dout = mt::randn(shape, on(timing.device, dtype), &generator);
+  std::vector<mt::Tensor> q, k, v, dout;                 // per input set, each [B, H, T, D]
+  for (int64_t set = 0; set < timing.sets; ++set) {
+    q.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
+    k.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
+    v.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
+    dout.push_back(mt::randn(shape, on(timing.device, dtype), &generator));
+  }
   Measurement m;
   m.op = "attention";
   m.shape = mt::shape_str(shape) + " causal fwd+bwd";
-  m.ms = time_median_ms(timing, [&] {
-    clear_grads({q, k, v});
-    mt::scaled_dot_product_attention(q, k, v, /*causal=*/true).backward(dout);
-  });
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t set) {
+        mt::scaled_dot_product_attention(q[set], k[set], v[set], /*causal=*/true).backward(dout[set]);
+        clear_grads({q[set], k[set], v[set]});
+      },
+      &m);
   // FLOPs: forward is Q K^T and P V, 2 * 2 B H T^2 D, half of it under the causal mask; backward
   // is 2.5x forward (S = Q K^T recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), so
   // 3.5 * 0.5 * 4 B H T^2 D in all. Bytes: forward reads q, k, v and writes o and the f32
@@ -205,19 +274,23 @@ Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes&
 
 Measurement bench_cross_entropy(const Timing& timing, mt::DType dtype, const Shapes& s) {
   mt::Generator generator(5);
-  const mt::Tensor x = mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator);  // [N, C]
-  const mt::Tensor w =
-      mt::mul(mt::randn({s.vocab, s.width}, on(timing.device, dtype), &generator), 0.02).requires_grad_();  // [V, C]
-  const mt::Tensor target = mt::uniform({s.rows}, 0, static_cast<double>(s.vocab), {}, &generator)
-                                .to(mt::DType::i64)
-                                .to(timing.device);  // [N]
+  std::vector<mt::Tensor> x, w, target;  // per input set: [N, C], [V, C], [N]
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator));
+    w.push_back(mt::mul(mt::randn({s.vocab, s.width}, on(timing.device, dtype), &generator), 0.02).requires_grad_());
+    target.push_back(
+        mt::uniform({s.rows}, 0, static_cast<double>(s.vocab), {}, &generator).to(mt::DType::i64).to(timing.device));
+  }
   Measurement m;
   m.op = "cross_entropy";
-  m.shape = mt::shape_str(x.shape()) + " x " + mt::shape_str(w.shape()) + "^T fwd+bwd";
-  m.ms = time_median_ms(timing, [&] {
-    clear_grads({x, w});
-    mt::linear_cross_entropy(x, w, target).backward();
-  });
+  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T fwd+bwd";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        mt::linear_cross_entropy(x[k], w[k], target[k]).backward();
+        clear_grads({x[k], w[k]});
+      },
+      &m);
   // FLOPs: the logits x W^T, then dx = dlogits W and dW = dlogits^T x: 3 * 2 N V C. Bytes: read x,
   // W and the i64 targets, write dx and dW; the [N, V] logits need never reach memory.
   const double N = static_cast<double>(s.rows), V = static_cast<double>(s.vocab), C = static_cast<double>(s.width);
@@ -259,7 +332,8 @@ Measurement bench_adamw(const Timing& timing, mt::DType dtype, const Shapes& s) 
   char shape[64];
   std::snprintf(shape, sizeof(shape), "%.1fM params, %zu tensors, %s", n / 1e6, params.size(), mt::dtype_name(dtype));
   m.shape = shape;
-  m.ms = time_median_ms(timing, [&] { opt.step(); });
+  m.ms = time_op_ms(
+      timing, /*sets=*/1, [&](int64_t) { opt.step(); }, &m);  // its 2 GB of state outruns L2
   // Bytes per parameter: read p, g, exp_avg, exp_avg_sq; write p, exp_avg, exp_avg_sq; the moments
   // are f32 (28 bytes for f32 parameters). PyTorch keeps bf16/f16 parameters' moments in their dtype.
   const double es = static_cast<double>(mt::element_size(dtype));
@@ -310,7 +384,8 @@ int main(int argc, char** argv) {
   std::string device_name = "cuda", dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
   for (const std::string& op : kOps) ops_text += (ops_text.empty() ? "" : ",") + op;
   Shapes s;
-  int64_t warmup = 5, iters = 50, rate_size = 8192, copy_mib = 1024;
+  int64_t warmup = 5, iters = 50, sets = 4, rate_size = 8192, copy_mib = 1024;
+  bool eager = false;
   app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--dtype", dtype_name, "the ops' dtype")
       ->capture_default_str()
@@ -321,6 +396,10 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed iterations per op (the median is printed)")
       ->capture_default_str()
       ->check(gpt_example::positive());
+  app.add_option("--sets", sets, "input sets per op, used in turn (AdamW always one)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_flag("--eager", eager, "time each run between events, launch gaps included, instead of graph replays");
   app.add_option("--ops", ops_text, "comma-separated ops to run")->capture_default_str()->check(known_ops());
   app.add_option("--rows", s.rows, "rows (B * T) of gemm, layer_norm and cross_entropy")
       ->capture_default_str()
@@ -358,12 +437,14 @@ int main(int argc, char** argv) {
     const mt::Device device(device_name);
     if (device.is_cuda()) mt::cuda::set_current_device(device.index);
     const mt::DType dtype = mt::parse_dtype(dtype_name), adamw_dtype = mt::parse_dtype(adamw_dtype_name);
-    const Timing timing{device, warmup, iters};
+    const Timing timing{device, warmup, iters, sets, /*graph=*/!eager};
 
     const std::string where =
         device.is_cuda() ? device.str() + " (" + mt::cuda::device_name(device.index) + ")" : device.str();
-    std::printf("op_bench on %s, %s: median of %lld timed iterations after %lld warm-up\n", where.c_str(),
-                mt::dtype_name(dtype), static_cast<long long>(iters), static_cast<long long>(warmup));
+    std::printf("op_bench on %s, %s: median of %lld timed runs after %lld warm-up, %lld input sets in turn%s\n",
+                where.c_str(), mt::dtype_name(dtype), static_cast<long long>(iters), static_cast<long long>(warmup),
+                static_cast<long long>(sets),
+                device.is_cuda() && !eager ? ", replayed from a CUDA Graph (device time)" : "");
     Rates rates;
     double probe_ms = 0;
     rates.flops_per_ms = measure_gemm_rate(timing, dtype, rate_size, &probe_ms);
@@ -373,8 +454,8 @@ int main(int argc, char** argv) {
     std::printf("copy bandwidth: %lld MiB copy on %s, %.3f ms, %s (read + write)\n", static_cast<long long>(copy_mib),
                 device.str().c_str(), probe_ms, bandwidth_text(rates.bytes_per_ms).c_str());
     std::printf("floor = max(FLOPs / GEMM rate, bytes / copy bandwidth); floor%% = floor / median (100%%: at it)\n");
-    std::printf("%-14s %-46s %10s %16s %10s %6s %7s\n", "op", "shape", "median ms", "achieved", "floor ms", "bound",
-                "floor%");
+    std::printf("%-14s %-46s %10s %16s %10s %6s %7s  %s\n", "op", "shape", "median ms", "achieved", "floor ms", "bound",
+                "floor%", "timed");
     std::fflush(stdout);
 
     std::vector<Measurement> results;
@@ -395,8 +476,8 @@ int main(int argc, char** argv) {
       const bool flop_bound = flop_floor >= byte_floor;
       const double floor = std::max(flop_floor, byte_floor);
       const std::string achieved = flop_bound ? flops_text(m.flops / m.ms) : bandwidth_text(m.bytes / m.ms);
-      std::printf("%-14s %-46s %10.3f %16s %10.3f %6s %6.1f%%\n", m.op.c_str(), m.shape.c_str(), m.ms, achieved.c_str(),
-                  floor, flop_bound ? "flops" : "bytes", 100.0 * floor / m.ms);
+      std::printf("%-14s %-46s %10.3f %16s %10.3f %6s %6.1f%%  %s\n", m.op.c_str(), m.shape.c_str(), m.ms,
+                  achieved.c_str(), floor, flop_bound ? "flops" : "bytes", 100.0 * floor / m.ms, m.timed.c_str());
       std::fflush(stdout);
       results.push_back(m);
     }

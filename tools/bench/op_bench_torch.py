@@ -11,11 +11,15 @@
   adamw          torch.optim.AdamW(fused=True).step() over GPT-2's parameter set (--layers blocks, the
                  LM head tied to wte), parameters and gradients in --adamw-dtype (f32 by default)
 
---warmup untimed iterations, then --iters iterations each between two CUDA events, as op_bench
-times them; the median is printed, then one `op_bench_torch: <op> <median_ms>` line per op.
+Timed as op_bench times them: --sets input sets per op used in turn (AdamW one), --warmup untimed
+runs, then the runs over every set captured in one CUDA Graph (torch.cuda.graph) whose replays are
+timed between two CUDA events, divided by the sets; --eager times each run between events instead.
+An op whose capture fails is timed eagerly and says so. The median is printed, then one
+`op_bench_torch: <op> <median_ms>` line per op.
 """
 import argparse
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -24,17 +28,50 @@ OPS = ("gemm", "gemm_bias", "layer_norm", "attention", "cross_entropy", "adamw")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def time_median_ms(body, warmup, iters):
-    for _ in range(warmup):
-        body()
+def time_eager_ms(body, sets, warmup, iters):
+    for i in range(warmup):
+        body(i % sets)
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
+    for i, (start, end) in enumerate(events):
         start.record()
-        body()
+        body(i % sets)
         end.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def time_op_ms(body, sets, args):
+    """body(k) runs the op on input set k. Returns (median ms per run, how it was timed)."""
+    if args.eager:
+        return time_eager_ms(body, sets, args.warmup, args.iters), "eager"
+    # Warm-up on a side stream, as torch.cuda.graph asks, then capture every set once.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(args.warmup, 1)):
+            for k in range(sets):
+                body(k)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for k in range(sets):
+                body(k)
+    except Exception as e:  # noqa: BLE001 - any refusal: say it and time eagerly
+        how = f"eager (capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        print(f"op_bench_torch: {how}", file=sys.stderr)
+        torch.cuda.synchronize()
+        return time_eager_ms(body, sets, args.warmup, args.iters), how
+    graph.replay()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) / sets for start, end in events), "graph"
 
 
 def clear_grads(*tensors):
@@ -43,49 +80,56 @@ def clear_grads(*tensors):
 
 
 def bench_gemm(args, dtype, with_bias):
-    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype)
-    w = torch.randn(4 * args.width, args.width, device="cuda", dtype=dtype)
-    b = torch.randn(4 * args.width, device="cuda", dtype=dtype) if with_bias else None
-    return time_median_ms(lambda: F.linear(x, w, b), args.warmup, args.iters)
+    n = 4 * args.width
+    x = [torch.randn(args.rows, args.width, device="cuda", dtype=dtype) for _ in range(args.sets)]
+    w = [torch.randn(n, args.width, device="cuda", dtype=dtype) for _ in range(args.sets)]
+    b = [torch.randn(n, device="cuda", dtype=dtype) if with_bias else None for _ in range(args.sets)]
+    return time_op_ms(lambda k: F.linear(x[k], w[k], b[k]), args.sets, args)
 
 
 def bench_layer_norm(args, dtype):
-    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype, requires_grad=True)
-    w = torch.randn(args.width, device="cuda", dtype=dtype, requires_grad=True)
-    b = torch.randn(args.width, device="cuda", dtype=dtype, requires_grad=True)
-    dy = torch.randn(args.rows, args.width, device="cuda", dtype=dtype)
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
 
-    def body():
-        clear_grads(x, w, b)
-        F.layer_norm(x, (args.width,), w, b, eps=1e-5).backward(dy)
+    x = [leaf(args.rows, args.width) for _ in range(args.sets)]
+    w = [leaf(args.width) for _ in range(args.sets)]
+    b = [leaf(args.width) for _ in range(args.sets)]
+    dy = [torch.randn(args.rows, args.width, device="cuda", dtype=dtype) for _ in range(args.sets)]
 
-    return time_median_ms(body, args.warmup, args.iters)
+    def body(k):
+        clear_grads(x[k], w[k], b[k])
+        F.layer_norm(x[k], (args.width,), w[k], b[k], eps=1e-5).backward(dy[k])
+
+    return time_op_ms(body, args.sets, args)
 
 
 def bench_attention(args, dtype):
     shape = (args.batch, args.heads, args.seq, args.width // args.heads)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    dout = torch.randn(shape, device="cuda", dtype=dtype)
+    qkv = [[torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3)]
+           for _ in range(args.sets)]
+    dout = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(args.sets)]
 
-    def body():
-        clear_grads(q, k, v)
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+    def body(k):
+        q, key, v = qkv[k]
+        clear_grads(q, key, v)
+        F.scaled_dot_product_attention(q, key, v, is_causal=True).backward(dout[k])
 
-    return time_median_ms(body, args.warmup, args.iters)
+    return time_op_ms(body, args.sets, args)
 
 
 def bench_cross_entropy(args, dtype):
-    x = torch.randn(args.rows, args.width, device="cuda", dtype=dtype, requires_grad=True)
-    w = (0.02 * torch.randn(args.vocab, args.width, device="cuda", dtype=dtype)).requires_grad_()
-    target = torch.randint(0, args.vocab, (args.rows,), device="cuda")
+    x = [torch.randn(args.rows, args.width, device="cuda", dtype=dtype, requires_grad=True) for _ in range(args.sets)]
+    w = [(0.02 * torch.randn(args.vocab, args.width, device="cuda", dtype=dtype)).requires_grad_()
+         for _ in range(args.sets)]
+    target = [torch.randint(0, args.vocab, (args.rows,), device="cuda") for _ in range(args.sets)]
 
-    def body():
-        clear_grads(x, w)
-        logits = F.linear(x, w)
+    def body(k):
+        clear_grads(x[k], w[k])
+        logits = F.linear(x[k], w[k])
         # autocast runs cross_entropy in f32; this is what it does to bf16/f16 logits.
-        F.cross_entropy(logits.float(), target).backward()
+        F.cross_entropy(logits.float(), target[k]).backward()
 
-    return time_median_ms(body, args.warmup, args.iters)
+    return time_op_ms(body, args.sets, args)
 
 
 def gpt2_parameter_shapes(args):
@@ -103,8 +147,9 @@ def bench_adamw(args, dtype):
         p = (0.02 * torch.randn(shape, device="cuda", dtype=dtype)).requires_grad_()
         p.grad = 1e-3 * torch.randn(shape, device="cuda", dtype=dtype)
         params.append(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
-    return time_median_ms(opt.step, args.warmup, args.iters)
+    # capturable keeps the step count on the device, which a captured step needs.
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True, capturable=not args.eager)
+    return time_op_ms(lambda k: opt.step(), 1, args)  # its 2 GB of state outruns L2: one set
 
 
 def positive(text):
@@ -136,6 +181,9 @@ def main():
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--warmup", type=non_negative, default=5)
     p.add_argument("--iters", type=positive, default=50)
+    p.add_argument("--sets", type=positive, default=4, help="input sets per op, used in turn (AdamW one)")
+    p.add_argument("--eager", action="store_true",
+                   help="time each run between events, launch gaps included, instead of graph replays")
     p.add_argument("--ops", type=op_list, default=list(OPS))
     p.add_argument("--rows", type=positive, default=16384, help="B * T of gemm, layer_norm and cross_entropy")
     p.add_argument("--width", type=positive, default=768)
@@ -151,20 +199,21 @@ def main():
     torch.manual_seed(0)
     dtype = DTYPES[args.dtype]
     print(f"op_bench_torch on {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}: "
-          f"median of {args.iters} timed iterations after {args.warmup} warm-up")
+          f"median of {args.iters} timed runs after {args.warmup} warm-up, {args.sets} input sets in turn"
+          + ("" if args.eager else ", replayed from a CUDA Graph (device time)"))
     results = []
     for op in args.ops:
         if op in ("gemm", "gemm_bias"):
-            ms = bench_gemm(args, dtype, with_bias=op == "gemm_bias")
+            ms, how = bench_gemm(args, dtype, with_bias=op == "gemm_bias")
         elif op == "layer_norm":
-            ms = bench_layer_norm(args, dtype)
+            ms, how = bench_layer_norm(args, dtype)
         elif op == "attention":
-            ms = bench_attention(args, dtype)
+            ms, how = bench_attention(args, dtype)
         elif op == "cross_entropy":
-            ms = bench_cross_entropy(args, dtype)
+            ms, how = bench_cross_entropy(args, dtype)
         else:
-            ms = bench_adamw(args, DTYPES[args.adamw_dtype])
-        print(f"{op:<14} {ms:10.3f} ms", flush=True)
+            ms, how = bench_adamw(args, DTYPES[args.adamw_dtype])
+        print(f"{op:<14} {ms:10.3f} ms  {how}", flush=True)
         results.append((op, ms))
     for op, ms in results:
         print(f"op_bench_torch: {op} {ms:.4f}")
