@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -30,6 +31,17 @@ inline std::string error_message_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// ||got - want|| / ||want|| over equal-length values (1 when the lengths differ; 0 for two zeros).
+inline double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return 1.0;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // The names of the entries of `dir`, sorted (to see that a failed write left nothing behind).

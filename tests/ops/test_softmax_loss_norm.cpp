@@ -474,6 +474,36 @@ TEST(LayerNorm, CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
   expect_half_output_equals_cast(cuda_device(0));
 }
 
+// Narrow rows, GPT-2 small's 768 and its neighbours, and rows past 1024 columns: the widths at
+// which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane).
+// Output and every gradient against the CPU in f32, relative L2 within 1e-5.
+TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(31);
+  for (const int64_t width : {36, 700, 768, 1000, 1500}) {
+    for (const bool rms : {false, true}) {
+      const Tensor x0 = randn({67, width}, DType::f32, &gen) * 1.5 + 0.25;
+      const Tensor w0 = randn({width}, DType::f32, &gen), b0 = randn({width}, DType::f32, &gen);
+      const Tensor dy = randn({67, width}, DType::f32, &gen);
+      std::vector<std::vector<double>> results[2];
+      for (const int on_cuda : {0, 1}) {
+        const Device device = on_cuda ? cuda_device(0) : Device("cpu");
+        Tensor x = raw::to(x0, device).requires_grad_(), w = raw::to(w0, device).requires_grad_();
+        Tensor b = raw::to(b0, device).requires_grad_();
+        const Tensor y = rms ? rms_norm(x, w, 1e-5) : layer_norm(x, w, b, 1e-5);
+        y.backward(raw::to(dy, device));
+        results[on_cuda] = {y.to_vector<double>(), x.grad().to_vector<double>(), w.grad().to_vector<double>()};
+        if (!rms) results[on_cuda].push_back(b.grad().to_vector<double>());
+      }
+      const char* names[] = {"y", "dx", "dweight", "dbias"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        EXPECT_LE(relative_l2(results[1][i], results[0][i]), 1e-5)
+            << (rms ? "rms_norm " : "layer_norm ") << "width " << width << " " << names[i];
+      }
+    }
+  }
+}
+
 TEST(LayerNorm, OutputDtypeMustBeFloating) {
   const Tensor x = randn({2, 4});
   expect_contains(error_of([&] { layer_norm(x, Tensor(), Tensor(), 1e-5, DType::i64); }),
