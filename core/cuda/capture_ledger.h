@@ -25,6 +25,7 @@ struct CaptureLedger {
   // may free only its own allocations, so these are freed after the capture has ended.
   std::vector<DeferredFree> deferred;
   size_t other_stream_allocations = 0;  // allocations on another stream (not captured)
+  size_t host_copies = 0;               // copies from host memory while observing (a capture refuses them)
 };
 
 // The calling thread's ledger while it captures; null otherwise.

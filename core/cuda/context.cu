@@ -279,6 +279,13 @@ void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
   s.allocated.fetch_sub(nbytes);
+  // First: an address a failed capture handed out was never backed, whoever frees it and when.
+  if (poisoned_count.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard<std::mutex> lock(poisoned_mutex());
+    const bool never_backed = poisoned().erase(ptr) > 0;
+    poisoned_count.store(poisoned().size());
+    if (never_backed) return;  // nothing to free
+  }
   if (t_capture_ledger != nullptr) {
     if (t_capture_ledger->live.erase(ptr) == 0 && stream == t_capture_ledger->stream) {
       // Older memory: a graph may free only its own allocations; freed once the capture ends.
@@ -289,12 +296,6 @@ void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
     // synchronisation) refuses every call until it ends, and reports that itself.
     if (cudaFreeAsync(ptr, stream) != cudaSuccess) cudaGetLastError();
     return;
-  }
-  if (poisoned_count.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard<std::mutex> lock(poisoned_mutex());
-    const bool never_backed = poisoned().erase(ptr) > 0;
-    poisoned_count.store(poisoned().size());
-    if (never_backed) return;  // nothing to free
   }
   MT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
 }
@@ -326,6 +327,9 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
   if (nbytes == 0) return;
   // A graph would record the host address and read it again at every replay, long after
   // the host buffer (a temporary, mostly) is gone: silently wrong data, so refused.
+  if (kind == CopyKind::host_to_device && t_capture_ledger != nullptr && !capturing()) {
+    ++t_capture_ledger->host_copies;  // an observed step: reported when it ends
+  }
   MT_CHECK(!(kind == CopyKind::host_to_device && capturing()), "a copy of ", format_bytes(nbytes),
            " from host memory to cuda:", device,
            " inside a CUDA Graph capture: a replay would read that host memory again, after it is gone. Make the "

@@ -44,6 +44,11 @@ std::string ledger_problems(const internal::CaptureLedger& ledger) {
                                 format_bytes(bytes),
                                 "), which a graph cannot free: release them before capturing, or keep them;");
   }
+  if (ledger.host_copies > 0) {
+    problems += detail::str_cat(" it copied from host memory ", ledger.host_copies,
+                                " time(s), which a replay would read again after it is gone: make such tensors "
+                                "before the step (x.copy_(batch) between runs) or on the device (arange, full);");
+  }
   if (ledger.other_stream_allocations > 0) {
     problems += detail::str_cat(" it allocated ", ledger.other_stream_allocations,
                                 " tensor(s) on another stream, outside the graph;");
@@ -181,9 +186,9 @@ std::string Graph::observe(const Stream& stream, const std::function<void()>& bo
     throw;
   }
   internal::set_capture_ledger(nullptr);
+  ledger.other_stream_allocations = 0;                   // eager work on another stream is no concern here
+  const std::string problems = ledger_problems(ledger);  // before the deferred frees empty the ledger
   internal::free_deferred(ledger);
-  ledger.other_stream_allocations = 0;  // eager work on another stream is no concern here
-  const std::string problems = ledger_problems(ledger);
   return problems.empty() ? problems : problems.substr(0, problems.size() - 1);
 }
 

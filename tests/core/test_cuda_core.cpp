@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda_context.h"
@@ -152,12 +153,15 @@ TEST(CudaRandom, ManualSeedSeedsTheCudaGenerator) {
 
 // arange is made on the device (a captured graph must not copy from host memory), with the
 // host's rounding: every dtype, fractional and negative steps, bitwise equal to the CPU's.
+// Values stay inside what each dtype holds (converting others to an integer is undefined).
 TEST(CudaFactories, ArangeIsBitwiseEqualToTheCpuOne) {
   MT_SKIP_WITHOUT_CUDA();
   for (const DType dtype : kAllDTypes) {
     if (dtype == DType::boolean) continue;
-    for (const auto& [start, end, step] :
-         {std::tuple{0.0, 4099.0, 1.0}, std::tuple{0.1, 7.3, 0.3}, std::tuple{5.0, -3.0, -0.7}}) {
+    std::vector<std::tuple<double, double, double>> ranges = {{0.0, 250.0, 1.0}, {0.1, 7.3, 0.3}};
+    if (dtype != DType::u8) ranges.emplace_back(5.0, -3.0, -0.7);
+    if (dtype != DType::u8 && dtype != DType::f8e4m3) ranges.emplace_back(0.0, 4099.0, 1.0);
+    for (const auto& [start, end, step] : ranges) {
       const Tensor c = mt::arange(start, end, step, TensorOptions().dtype(dtype));
       const Tensor g = mt::arange(start, end, step, TensorOptions().dtype(dtype).device(kCuda));
       EXPECT_TRUE(g.is_cuda());

@@ -146,6 +146,31 @@ TEST(CudaGraphStep, RandomNumbersFromTheDefaultGeneratorAreAnError) {
       {"Philox"});
 }
 
+// A step that frees what an earlier step made (here, a tensor it keeps between steps) is
+// refused by the watched warm-up step, before any graph exists.
+TEST(CudaGraphStep, FreeingAnEarlierStepsTensorIsRefusedByTheWatchedWarmUp) {
+  MT_SKIP_WITHOUT_CUDA();
+  Tensor previous;
+  expect_refused(
+      [&](TinyTraining& t) {
+        t.step();
+        previous = mul(t.w1, 2.0);  // made now, released by the next step's assignment
+      },
+      {"ran as an eager step", "released"}, /*warmup=*/2);
+}
+
+// A copy from host memory in the watched warm-up step is refused there, before a capture
+// could stop halfway through the step.
+TEST(CudaGraphStep, ACopyFromHostMemoryIsRefusedByTheWatchedWarmUp) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_refused(
+      [](TinyTraining& t) {
+        t.x.copy_(zeros({64, 16}));  // a CPU tensor
+        t.step();
+      },
+      {"ran as an eager step", "from host memory"}, /*warmup=*/2);
+}
+
 // A copy from host memory would be recorded by address and re-read at every replay, after the
 // host buffer is gone: refused, naming the way out.
 TEST(CudaGraphStep, ACopyFromHostMemoryIsAnError) {

@@ -121,7 +121,9 @@ double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(i
     return time_eager_ms(timing, body, sets);
   }
   const int index = timing.device.index;
-  for (int64_t i = 0; i < timing.warmup; ++i) {
+  // At least one eager run: what an op makes lazily (plans, workspaces, state) must exist before
+  // the capture, which would refuse it.
+  for (int64_t i = 0; i < std::max<int64_t>(timing.warmup, 1); ++i) {
     for (int64_t k = 0; k < sets; ++k) body(k);
   }
   const mt::cuda::Stream stream = mt::cuda::current_stream(index);
