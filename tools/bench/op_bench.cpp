@@ -80,25 +80,32 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Calls run(i) for i < iters on cuda:index's current stream, each between two events; the ms of each.
+std::vector<double> event_times_ms(int index, int64_t iters, const std::function<void(int64_t)>& run) {
+  mt::cuda::synchronize_device(index);
+  std::vector<mt::cuda::Event> starts, ends;
+  for (int64_t i = 0; i < iters; ++i) {
+    starts.emplace_back(index, mt::cuda::Event::Timing::enabled);
+    ends.emplace_back(index, mt::cuda::Event::Timing::enabled);
+  }
+  const mt::cuda::Stream stream = mt::cuda::current_stream(index);
+  for (int64_t i = 0; i < iters; ++i) {
+    starts[i].record(stream);
+    run(i);
+    ends[i].record(stream);
+  }
+  mt::cuda::synchronize_device(index);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < iters; ++i) ms.push_back(starts[i].elapsed_ms(ends[i]));
+  return ms;
+}
+
 // Runs `body` timing.warmup times untimed, then timing.iters times, each timed; returns the median in ms.
 double time_eager_ms(const Timing& timing, const std::function<void(int64_t)>& body, int64_t sets = 1) {
   for (int64_t i = 0; i < timing.warmup; ++i) body(i % sets);
   std::vector<double> ms;
   if (timing.device.is_cuda()) {
-    const int index = timing.device.index;
-    mt::cuda::synchronize_device(index);
-    std::vector<mt::cuda::Event> starts, ends;
-    for (int64_t i = 0; i < timing.iters; ++i) {
-      starts.emplace_back(index, mt::cuda::Event::Timing::enabled);
-      ends.emplace_back(index, mt::cuda::Event::Timing::enabled);
-    }
-    for (int64_t i = 0; i < timing.iters; ++i) {
-      starts[i].record(mt::cuda::current_stream(index));
-      body(i % sets);
-      ends[i].record(mt::cuda::current_stream(index));
-    }
-    mt::cuda::synchronize_device(index);
-    for (int64_t i = 0; i < timing.iters; ++i) ms.push_back(starts[i].elapsed_ms(ends[i]));
+    ms = event_times_ms(timing.device.index, timing.iters, [&](int64_t i) { body(i % sets); });
   } else {
     for (int64_t i = 0; i < timing.iters; ++i) {
       const auto start = std::chrono::steady_clock::now();
@@ -138,20 +145,8 @@ double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(i
     return time_eager_ms(timing, body, sets);
   }
   graph.replay(stream);  // the first replay uploads the graph
-  mt::cuda::synchronize_device(index);
-  std::vector<mt::cuda::Event> starts, ends;
-  for (int64_t i = 0; i < timing.iters; ++i) {
-    starts.emplace_back(index, mt::cuda::Event::Timing::enabled);
-    ends.emplace_back(index, mt::cuda::Event::Timing::enabled);
-  }
-  for (int64_t i = 0; i < timing.iters; ++i) {
-    starts[i].record(stream);
-    graph.replay(stream);
-    ends[i].record(stream);
-  }
-  mt::cuda::synchronize_device(index);
-  std::vector<double> ms;
-  for (int64_t i = 0; i < timing.iters; ++i) ms.push_back(starts[i].elapsed_ms(ends[i]) / static_cast<double>(sets));
+  std::vector<double> ms = event_times_ms(index, timing.iters, [&](int64_t) { graph.replay(stream); });
+  for (double& each : ms) each /= static_cast<double>(sets);
   m->timed = "graph";
   return median(ms);
 }
