@@ -106,10 +106,10 @@ const Tensor& AdamW::rates_on(int device) {
              " is inside a CUDA Graph capture; run one step eagerly first (its learning rates must be in device "
              "memory before the capture)");
     const auto groups = static_cast<int64_t>(groups_.size());
+    // Filled by the caller, which uploads the rates of every step taken outside a capture.
     it =
         rates_on_device_.emplace(device, empty({groups}, TensorOptions().dtype(DType::f64).device(cuda_device(device))))
             .first;
-    upload_rates(it->second);
   }
   return it->second;
 }

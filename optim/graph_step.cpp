@@ -96,16 +96,15 @@ void CudaGraphStep::run() {
     // capture would be, so that a step which keeps or frees tensors across steps is refused
     // while it runs eagerly, before any graph of it exists. Until fixed it is refused again.
     const bool watched = s.warmup >= 2 && s.eager_runs == s.warmup - 1;
-    if (!watched) {
+    if (watched) {
+      const std::string problems = cuda::Graph::observe(cuda::current_stream(s.device.index), s.step);
+      MT_CHECK(problems.empty(),
+               "CudaGraphStep: the step cannot be replayed from a CUDA Graph as it stands (it ran as an eager "
+               "step):",
+               problems);
+    } else {
       s.step();
-      ++s.eager_runs;
-      return;
     }
-    const std::string problems = cuda::Graph::observe(cuda::current_stream(s.device.index), s.step);
-    MT_CHECK(problems.empty(),
-             "CudaGraphStep: the step cannot be replayed from a CUDA Graph as it stands (it ran as "
-             "an eager step):",
-             problems);
     ++s.eager_runs;
     return;
   }

@@ -327,13 +327,13 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
   if (nbytes == 0) return;
   // A graph would record the host address and read it again at every replay, long after
   // the host buffer (a temporary, mostly) is gone: silently wrong data, so refused.
-  if (kind == CopyKind::host_to_device && t_capture_ledger != nullptr && !capturing()) {
+  if (kind == CopyKind::host_to_device && t_capture_ledger != nullptr) {
+    MT_CHECK(!capturing(), "a copy of ", format_bytes(nbytes), " from host memory to cuda:", device,
+             " inside a CUDA Graph capture: a replay would read that host memory again, after it is gone. Make "
+             "the device tensor before the capture (x.copy_(batch) between replays), or on the device (arange, "
+             "full)");
     ++t_capture_ledger->host_copies;  // an observed step: reported when it ends
   }
-  MT_CHECK(!(kind == CopyKind::host_to_device && capturing()), "a copy of ", format_bytes(nbytes),
-           " from host memory to cuda:", device,
-           " inside a CUDA Graph capture: a replay would read that host memory again, after it is gone. Make the "
-           "device tensor before the capture (x.copy_(batch) between replays), or on the device (arange, full)");
   DeviceGuard guard(device);
   const Stream stream = current_stream(device);
   const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice

@@ -26,7 +26,8 @@ cudaGraph_t end_capture(const Stream& stream, cudaError_t* status) {
   return graph;
 }
 
-// What the ledger says is wrong with the body, or "" when nothing is.
+// What the ledger says is wrong with the body, each part led by a space and the parts
+// separated by ';', or "" when nothing is.
 std::string ledger_problems(const internal::CaptureLedger& ledger) {
   std::string problems;
   if (!ledger.live.empty()) {
@@ -53,6 +54,7 @@ std::string ledger_problems(const internal::CaptureLedger& ledger) {
     problems += detail::str_cat(" it allocated ", ledger.other_stream_allocations,
                                 " tensor(s) on another stream, outside the graph;");
   }
+  if (!problems.empty()) problems.pop_back();  // the last part's ';'
   return problems;
 }
 
@@ -155,7 +157,7 @@ void Graph::capture(const Stream& stream, const std::function<void()>& body) {
     throw Error(detail::str_cat("CUDA graph capture on cuda:", stream.device(),
                                 ": the captured step cannot be "
                                 "replayed as it stands (it ran once, as an eager step):",
-                                problems.substr(0, problems.size() - 1)));
+                                problems));
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
@@ -189,7 +191,7 @@ std::string Graph::observe(const Stream& stream, const std::function<void()>& bo
   ledger.other_stream_allocations = 0;                   // eager work on another stream is no concern here
   const std::string problems = ledger_problems(ledger);  // before the deferred frees empty the ledger
   internal::free_deferred(ledger);
-  return problems.empty() ? problems : problems.substr(0, problems.size() - 1);
+  return problems;
 }
 
 void Graph::replay(const Stream& stream) const {
