@@ -142,7 +142,8 @@ std::string format_bytes(size_t nbytes);  // "1.50 GiB"
 // (each replay would free it again). Results go into tensors made beforehand
 // (`loss_out.copy_(loss)`). capture() throws, saying which rule was broken, when the body
 // kept or freed such tensors, synchronised with the host (item(), a copy to the host) or
-// left work on another stream unjoined; nothing is captured then.
+// left work on another stream unjoined; nothing is captured then, and nothing of the body runs
+// on the device (a graph that kept memory or read freed host memory must not run even once).
 // Whether this thread is capturing a Graph (host-side checks that would synchronise wait).
 bool capturing();
 

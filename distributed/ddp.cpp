@@ -185,6 +185,58 @@ void DistributedDataParallel::reduce_ready_buckets() {
 
 void DistributedDataParallel::synchronize() {
   if (no_sync_) return;
+  settle_unused_parameters();
+  tail_wait_.used = false;
+  wait_for_reductions(head_wait_);
+  reset_iteration();
+}
+
+void DistributedDataParallel::step(Optimizer& optimizer) {
+  MT_CHECK(!no_sync_,
+           "DistributedDataParallel::step: called inside no_sync(), where gradients are not reduced; "
+           "step after the synchronised backward");
+  if (buckets_.size() < 2) {
+    synchronize();
+    optimizer.step();
+    return;
+  }
+  settle_unused_parameters();
+  const size_t last = buckets_.size() - 1;
+  std::vector<const TensorImpl*> in_last_bucket;
+  for (size_t index : buckets_[last].params) in_last_bucket.push_back(params_[index].tensor.impl());
+  // Every parameter the optimizer holds, with its gradient, handed out per phase and restored.
+  struct Held {
+    Tensor param, grad;
+    bool in_last_bucket;
+  };
+  std::vector<Held> held;
+  for (const ParamGroup& group : optimizer.param_groups()) {
+    for (const Tensor& p : group.params) {
+      const bool last_one = std::find(in_last_bucket.begin(), in_last_bucket.end(), p.impl()) != in_last_bucket.end();
+      held.push_back({p, p.grad(), last_one});
+    }
+  }
+  auto hand_out = [&](bool last_bucket_phase) {
+    for (Held& h : held) h.param.set_grad(h.in_last_bucket == last_bucket_phase ? h.grad : Tensor());
+  };
+  try {
+    wait_for_reductions(head_wait_, 0, last);
+    hand_out(false);
+    optimizer.step();  // while the last bucket is still being reduced
+    wait_for_reductions(tail_wait_, last, buckets_.size());
+    hand_out(true);
+    optimizer.step();
+  } catch (...) {
+    for (Held& h : held) h.param.set_grad(h.grad);
+    wait_for_works();
+    reset_iteration();
+    throw;
+  }
+  for (Held& h : held) h.param.set_grad(h.grad);
+  reset_iteration();
+}
+
+void DistributedDataParallel::settle_unused_parameters() {
   std::vector<std::string> unused;
   for (const Param& p : params_) {
     if (!p.ready) unused.push_back(p.name);
@@ -217,37 +269,45 @@ void DistributedDataParallel::synchronize() {
   }
   MT_INTERNAL_ASSERT(next_bucket_ == buckets_.size(), "DDP: ", next_bucket_, " of ", buckets_.size(),
                      " buckets reduced");
-  wait_for_reductions();
-  reset_iteration();
 }
 
-void DistributedDataParallel::wait_for_works() {
-  for (Bucket& b : buckets_) {
+void DistributedDataParallel::wait_for_works(size_t first, size_t last) {
+  for (size_t i = first; i < std::min(last, buckets_.size()); ++i) {
+    Bucket& b = buckets_[i];
     if (b.work) b.work->wait();
     b.work.reset();
   }
 }
 
-void DistributedDataParallel::wait_for_reductions() {
+void DistributedDataParallel::wait_for_reductions(WaitTimer& timer, size_t first, size_t last) {
   const bool on_cuda = !buckets_.empty() && buckets_.front().flat.is_cuda();
   const auto host_start = std::chrono::steady_clock::now();
+  timer.used = true;
   if (on_cuda) {
     const int device = buckets_.front().flat.device().index;
-    if (!wait_begin_) {
-      wait_begin_ = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
-      wait_end_ = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
+    if (!timer.begin) {
+      timer.begin = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
+      timer.end = std::make_unique<cuda::Event>(device, cuda::Event::Timing::enabled);
     }
-    wait_begin_->record(cuda::current_stream(device));
+    timer.begin->record(cuda::current_stream(device));
   }
-  wait_for_works();
-  if (on_cuda) wait_end_->record(cuda::current_stream(buckets_.front().flat.device().index));
-  host_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count();
+  wait_for_works(first, last);
+  if (on_cuda) timer.end->record(cuda::current_stream(buckets_.front().flat.device().index));
+  timer.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count();
 }
 
 double DistributedDataParallel::last_exposed_comm_ms() {
-  if (!wait_end_) return host_wait_ms_;
-  wait_end_->synchronize();
-  return static_cast<double>(wait_begin_->elapsed_ms(*wait_end_));
+  double total = 0;
+  for (WaitTimer* timer : {&head_wait_, &tail_wait_}) {
+    if (!timer->used) continue;
+    if (!timer->end) {
+      total += timer->host_ms;
+      continue;
+    }
+    timer->end->synchronize();
+    total += static_cast<double>(timer->begin->elapsed_ms(*timer->end));
+  }
+  return total;
 }
 
 }  // namespace mt::dist

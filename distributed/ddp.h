@@ -31,6 +31,7 @@
 #include "core/cuda_context.h"
 #include "distributed/process_group.h"
 #include "ops/nn/module.h"
+#include "optim/optimizer.h"
 
 namespace mt::dist {
 
@@ -68,6 +69,15 @@ class DistributedDataParallel {
 
   void zero_grad();    // zeroes the buckets and points every grad at its slice
   void synchronize();  // after backward: every bucket reduced; throws naming unused parameters
+  // synchronize(), then optimizer.step(), with the update of every bucket but the last
+  // overlapped with the last bucket's all-reduce. The last bucket holds the first layers'
+  // gradients (a GPT's tied embedding among them), final only when backward ends, so its
+  // reduction cannot hide behind backward; the rest of the update hides it instead. The
+  // optimizer is called twice, each time seeing only the gradients it may use (an optimizer
+  // skips a parameter without one), so every parameter gets the update one step() would give.
+  // A step that needs every gradient at once (a GradScaler's unscale, gradient clipping) calls
+  // synchronize() and its own step instead.
+  void step(Optimizer& optimizer);
 
   // While alive, backward accumulates gradients locally (no communication).
   class NoSync {
@@ -83,9 +93,9 @@ class DistributedDataParallel {
   NoSync no_sync() { return NoSync(*this); }
 
   size_t num_buckets() const { return buckets_.size(); }
-  // Milliseconds the last synchronize() left the compute stream waiting for communication that
-  // backward did not hide (CUDA: device time between two events, read with a host wait; CPU: the
-  // host's wait). 0 before the first synchronize or in a world of one.
+  // Milliseconds the last synchronize() or step() left the compute stream waiting for
+  // communication that backward (and, in step(), the update) did not hide (CUDA: device time between two events, read
+  // with a host wait; CPU: the host's wait). 0 before the first synchronize or in a world of one.
   double last_exposed_comm_ms();
   // Parameter names of bucket i, in bucket order.
   std::vector<std::string> bucket_parameters(size_t i) const;
@@ -111,10 +121,19 @@ class DistributedDataParallel {
   Tensor slot(const Param& p) const;
   void on_ready(size_t index);
   void reduce_ready_buckets();
-  // The compute stream (or the host, on the CPU) waits for every bucket in flight;
-  // wait_for_reductions also times that wait, for last_exposed_comm_ms (synchronize only).
-  void wait_for_works();
-  void wait_for_reductions();
+  // Before the waits: a parameter without a gradient is an error naming it, or (with
+  // find_unused_parameters) a zero gradient whose bucket is reduced now.
+  void settle_unused_parameters();
+  // The compute stream (or the host, on the CPU) waits for the buckets in flight: all of them,
+  // or those in [first, last); wait_for_reductions also times that wait into `timer`, for
+  // last_exposed_comm_ms (synchronize and step only).
+  void wait_for_works(size_t first = 0, size_t last = SIZE_MAX);
+  struct WaitTimer {
+    std::unique_ptr<cuda::Event> begin, end;
+    double host_ms = 0;
+    bool used = false;  // in the last synchronize or step
+  };
+  void wait_for_reductions(WaitTimer& timer, size_t first = 0, size_t last = SIZE_MAX);
   void reset_iteration();
 
   ProcessGroup& group_;
@@ -123,10 +142,9 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
   bool no_sync_ = false;
-  // Exposed communication of the last synchronize(): events around the waits (CUDA) or the
-  // host's wait in milliseconds (CPU).
-  std::unique_ptr<cuda::Event> wait_begin_, wait_end_;
-  double host_wait_ms_ = 0;
+  // Exposed communication of the last synchronize() or step(): events around the waits (CUDA)
+  // or the host's wait in milliseconds (CPU); step() waits twice, once per timer.
+  WaitTimer head_wait_, tail_wait_;
 };
 
 }  // namespace mt::dist

@@ -108,7 +108,7 @@ void CudaGraphStep::run() {
     ++s.eager_runs;
     return;
   }
-  // Refreshed first: a refused capture runs the step once, and must see the rate of the moment
+  // Refreshed first: a capture refused for its random numbers runs the step once, and must see the rate of the moment
   // (the fills are enqueued before the capture starts, so they are not recorded).
   const std::vector<bool> refreshed = s.refresh_for_replay();
   if (!s.graph.captured()) s.capture();  // the capture records the step without running it

@@ -18,7 +18,7 @@
 // replays. On the CPU run() simply calls the step. With warmup >= 2 the last warm-up run is
 // watched as a capture would be (cuda::Graph::observe): a step that keeps or frees tensors
 // across steps (gradients set to none, say) is refused then, while it runs eagerly, and no
-// graph of it is made; with warmup 1 the capture itself refuses it after running it once.
+// graph of it is made; with warmup 1 the capture itself refuses it, and that step does not run.
 //
 // Before each replay the given optimizers bring what their kernels read from device memory
 // up to date (Optimizer::prepare_replay): AdamW reads its learning rates there, so a

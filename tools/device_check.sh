@@ -6,7 +6,8 @@
 #     --sanitize[=TOOLS]  also run every *_tests executable under compute-sanitizer; TOOLS is
 #                 memcheck, racecheck or memcheck,racecheck (the default). MT_SANITIZE_FILTER, if set,
 #                 is passed as --gtest_filter (the CPU-only cases cost nothing: no kernels to check).
-#                 MT_RACECHECK_EXCLUDE (default kns=cudnn_generated) names kernels racecheck skips.
+#                 MT_RACECHECK_EXCLUDE (default kns=cudnn) names kernels racecheck skips;
+#                 MT_SANITIZE_SHARDS (default 2 per GPU) how many shards of each executable run at once.
 #     --bench     also run tools/bench/run_all.sh
 #     --parity    also run the PyTorch parity scripts in tools/parity/
 #     --loss-curve  also train GPT-2 124M for 50 steps beside PyTorch from the same weights and
@@ -96,16 +97,20 @@ if ((sanitize)); then
   fi
   filter=()
   [[ -n "${MT_SANITIZE_FILTER:-}" ]] && filter=("--gtest_filter=$MT_SANITIZE_FILTER")
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  ((gpus >= 1)) || gpus=1
+  shards="${MT_SANITIZE_SHARDS:-$((2 * gpus))}"
   IFS=',' read -ra tools <<<"$sanitize_tools"
   for tool in "${tools[@]}"; do
     case "$tool" in
       memcheck) tool_args=(--tool memcheck) ;;
-      # cuDNN's generated Hopper attention kernels order shared memory through mbarriers and TMA,
-      # which racecheck does not model: it reports thousands of hazards in them. They are left
-      # out (MT_RACECHECK_EXCLUDE='' puts them back); every kernel of ours is checked.
+      # cuDNN's Hopper kernels (generated attention, precompiled sm90_xmma convolutions, their
+      # names all hold "cudnn") order shared memory through mbarriers and TMA, which racecheck
+      # does not model: it reports thousands of hazards in them. They are left out
+      # (MT_RACECHECK_EXCLUDE='' puts them back); every kernel of ours is checked.
       racecheck)
         tool_args=(--tool racecheck --racecheck-report all)
-        exclude="${MT_RACECHECK_EXCLUDE-kns=cudnn_generated}"
+        exclude="${MT_RACECHECK_EXCLUDE-kns=cudnn}"
         [[ -n "$exclude" ]] && tool_args+=(--kernel-name-exclude "$exclude")
         ;;
       *) echo "sanitize: unknown tool '$tool' (memcheck or racecheck)"; sanitize_rc=1; continue ;;
@@ -115,23 +120,36 @@ if ((sanitize)); then
       name=$(basename "$exe")
       # An executable the filter leaves without a test makes no CUDA call, which the sanitizer
       # reports as an error of its own.
-      if ! "$exe" "${filter[@]}" --gtest_list_tests 2>/dev/null | grep -q '^  '; then
+      matched=$("$exe" "${filter[@]}" --gtest_list_tests 2>/dev/null | grep -c '^  ' || true)
+      if ((matched == 0)); then
         echo "sanitize $tool: $name has no test matching the filter"
         continue
       fi
-      log="$out/sanitize-$tool-$name.log"
+      # The tests are split into shards (gtest's own sharding, test i in shard i mod n, so no
+      # shard is empty) run side by side, spread over the GPUs: an instrumented run is slow and
+      # uses one CPU core and a sliver of a GPU.
+      n=$((matched < shards ? matched : shards))
       tool_start=$SECONDS
-      if compute-sanitizer "${tool_args[@]}" --report-api-errors no --error-exitcode 1 "$exe" "${filter[@]}" \
-           </dev/null >"$log" 2>&1; then
-        verdict="clean"
-      else
-        verdict="FAILED (log: $log)"
-        sanitize_rc=1
-      fi
-      # The summary line: "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY: N hazards ...".
-      echo "sanitize $tool: $name $verdict in $((SECONDS - tool_start)) s;" \
-        "$(grep -m 1 -E '(ERROR|RACECHECK) SUMMARY' "$log" | sed 's/^========= //')"
-      [[ "$verdict" == clean ]] || grep -m 5 -E '^========= [A-Z]|FAILED' "$log" || true
+      pids=()
+      for ((shard = 0; shard < n; ++shard)); do
+        log="$out/sanitize-$tool-$name.$shard.log"
+        CUDA_VISIBLE_DEVICES=$((shard % gpus)) GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$shard \
+          compute-sanitizer "${tool_args[@]}" --report-api-errors no --error-exitcode 1 "$exe" "${filter[@]}" \
+          </dev/null >"$log" 2>&1 &
+        pids+=($!)
+      done
+      verdict="clean"
+      for ((shard = 0; shard < n; ++shard)); do
+        wait "${pids[$shard]}" || { verdict="FAILED (logs: $out/sanitize-$tool-$name.*.log)"; sanitize_rc=1; }
+      done
+      # Each shard's summary line: "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY:
+      # N hazards displayed (E errors, W warnings)" (racecheck); the errors are summed.
+      errors=$(cat "$out/sanitize-$tool-$name".*.log | grep -E '(ERROR|RACECHECK) SUMMARY' |
+        sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{n += $1} END {print n + 0}')
+      tests=$(cat "$out/sanitize-$tool-$name".*.log | grep -c '^\[       OK \]' || true)
+      echo "sanitize $tool: $name $verdict in $((SECONDS - tool_start)) s; $tests tests passed in $n shards," \
+        "$errors errors"
+      [[ "$verdict" == clean ]] || cat "$out/sanitize-$tool-$name".*.log | grep -m 5 -E '^========= [A-Z]|FAILED' || true
     done
   done
 fi

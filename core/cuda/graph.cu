@@ -91,16 +91,20 @@ void Graph::reset() {
 
 namespace {
 
-// What a captured graph that is not kept did: it runs once, as the eager step would have
-// run, so that tensors it kept hold real memory and what it freed is freed once.
-void run_once_and_destroy(cudaGraph_t graph, const Stream& stream) {
-  cudaGraphExec_t once = nullptr;
-  if (cudaGraphInstantiate(&once, graph, 0) == cudaSuccess) {
-    cudaGraphLaunch(once, stream.handle());
-    cudaGraphExecDestroy(once);
-  }
-  cudaGetLastError();
-  cudaGraphDestroy(graph);
+// What a refused capture leaves: tensors made during the step and kept hold addresses that
+// were never backed (freeing them later must be a no-op, and using them would fault), and
+// tensors made before it that the step released are freed now, with no work left to read them.
+void discard_capture(internal::CaptureLedger& ledger) {
+  internal::poison(ledger);
+  internal::free_deferred(ledger);
+}
+
+// What a refused capture tells the user: the step did not run, and what it kept holds no memory.
+std::string not_run_note(const internal::CaptureLedger& ledger) {
+  if (ledger.live.empty()) return " The step did not run.";
+  return detail::str_cat(" The step did not run, and the ", ledger.live.size(),
+                         " tensor(s) it made and kept (gradients set to none, say) hold no memory: drop them "
+                         "(zero_grad()) before using the model again.");
 }
 
 std::string what_of(const std::exception_ptr& error) {
@@ -131,33 +135,24 @@ void Graph::capture(const Stream& stream, const std::function<void()>& body) {
   internal::set_capture_ledger(nullptr);
   cudaError_t status = cudaSuccess;
   cudaGraph_t graph = end_capture(stream, &status);
-  if (graph == nullptr) {
-    // Nothing recorded can run. Tensors made during the step and kept hold addresses that were
-    // never backed: freeing them later must be a no-op, and using them would fault.
-    internal::poison(ledger);
-    internal::free_deferred(ledger);
-    std::string kept;
-    if (!ledger.live.empty()) {
-      kept = detail::str_cat(" The step did not run, and the ", ledger.live.size(),
-                             " tensor(s) it made and kept (gradients set to none, say) hold no memory: drop them "
-                             "(zero_grad()) before using the model again.");
+  // A refused capture is never launched: a graph whose allocations outlive it, or whose copies
+  // read host memory that may be gone, must not run even once. So nothing of the step runs.
+  const std::string problems = graph == nullptr || body_error ? std::string() : ledger_problems(ledger);
+  if (graph == nullptr || body_error || !problems.empty()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    discard_capture(ledger);
+    if (graph == nullptr) {
+      throw DeviceError(detail::str_cat(
+          "CUDA graph capture on cuda:", stream.device(), " failed: ", cudaGetErrorString(status),
+          body_error ? "; while the step ran: " + what_of(body_error) : std::string(),
+          ". The captured code must not synchronise with the host (item(), to_vector(), a copy to the host, "
+          "Stream::synchronize) and must join any other stream it uses back into the capturing one.",
+          not_run_note(ledger)));
     }
-    throw DeviceError(detail::str_cat(
-        "CUDA graph capture on cuda:", stream.device(), " failed: ", cudaGetErrorString(status),
-        body_error ? "; while the step ran: " + what_of(body_error) : std::string(),
-        ". The captured code must not synchronise with the host (item(), to_vector(), a copy to the host, "
-        "Stream::synchronize) and must join any other stream it uses back into the capturing one.",
-        kept));
-  }
-  const std::string problems = body_error ? std::string() : ledger_problems(ledger);
-  if (body_error || !problems.empty()) {
-    run_once_and_destroy(graph, stream);
-    internal::free_deferred(ledger);  // after that run, in stream order
     if (body_error) std::rethrow_exception(body_error);
     throw Error(detail::str_cat("CUDA graph capture on cuda:", stream.device(),
-                                ": the captured step cannot be "
-                                "replayed as it stands (it ran once, as an eager step):",
-                                problems));
+                                ": the captured step cannot be replayed as it stands:", problems, ".",
+                                not_run_note(ledger)));
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);

@@ -299,13 +299,19 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       optimizer.zero_grad(/*set_to_none=*/!flags.cuda_graph);  // a captured step keeps its buffers
     }
     scaler.scale(loss).backward();
-    if (ddp) ddp->synchronize();  // every rank now holds the average gradient
-    if (flags.grad_clip > 0) {
-      scaler.unscale_(optimizer);
-      mt::clip_grad_norm_(params, flags.grad_clip);
+    if (ddp && flags.grad_clip <= 0 && !fp16) {
+      // No loss scaler, no clipping: nothing needs every gradient at once, so the update of the early
+      // buckets can hide the last all-reduce.
+      ddp->step(optimizer);
+    } else {
+      if (ddp) ddp->synchronize();  // every rank now holds the average gradient
+      if (flags.grad_clip > 0) {
+        scaler.unscale_(optimizer);
+        mt::clip_grad_norm_(params, flags.grad_clip);
+      }
+      scaler.step(optimizer);
+      scaler.update();
     }
-    scaler.step(optimizer);
-    scaler.update();
     loss_out.copy_(loss.detach().reshape({1}));
   };
   mt::CudaGraphStep graph_step(placement.device, train_step, {&optimizer}, /*warmup=*/2, flags.cuda_graph);

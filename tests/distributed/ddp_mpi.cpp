@@ -6,6 +6,9 @@
 //  4. a model that differs between ranks is refused at construction;
 //  5. with --die-at-step K, rank 1 exits abruptly at step K (the kill test: the launcher must
 //     end the job with an error, never hang);
+//  7. step(optimizer), whose update of the early buckets overlaps the last bucket's all-reduce,
+//     gives the parameters synchronize() + optimizer.step() gives, bit for bit (AdamW, several
+//     buckets, and a parameter the optimizer holds outside the model, updated once per step);
 //  6. with --hang-at-step K, rank 1 stops answering at step K without dying (the timeout test:
 //     rank 0's collective must give up after MT_COLLECTIVE_TIMEOUT_S and end the job).
 // --device cuda runs it all on each rank's GPU (local rank), through NCCL.
@@ -22,6 +25,7 @@
 
 #include "distributed/ddp.h"
 #include "ops/ops.h"
+#include "optim/adamw.h"
 #include "optim/sgd.h"
 
 namespace {
@@ -200,6 +204,41 @@ int main(int argc, char** argv) {
               "rank 0 not told of the mismatch: '" + message + "'", rank);
       }
     }
+
+    // 7. step(optimizer) against synchronize() + optimizer.step().
+    Mlp two_phase, one_phase;
+    two_phase.to(device);
+    one_phase.to(device);
+    const mt::dist::DDPOptions small_buckets = mt::dist::DDPOptions().first_bucket_mb(0.0001).bucket_cap_mb(0.0005);
+    mt::dist::DistributedDataParallel ddp_two(two_phase, group, small_buckets),
+        ddp_one(one_phase, group, small_buckets);
+    check(ddp_two.num_buckets() >= 3, "the small buckets should split the parameters in three or more", rank);
+    Tensor extra_two = mt::ones({3}, mt::TensorOptions().device(device)).requires_grad_();
+    Tensor extra_one = mt::ones({3}, mt::TensorOptions().device(device)).requires_grad_();
+    auto with_extra = [](mt::nn::Module& m, const Tensor& extra) {
+      std::vector<Tensor> params = m.parameters();
+      params.push_back(extra);
+      return params;
+    };
+    const mt::AdamWOptions adamw = mt::AdamWOptions(1e-2).weight_decay(0.1);
+    mt::AdamW opt_two(with_extra(two_phase, extra_two), adamw), opt_one(with_extra(one_phase, extra_one), adamw);
+    for (int step = 0; step < 3; ++step) {
+      const Batch sb = global_batch(200 + step, device);
+      const Tensor sx = sb.x.narrow(0, rank * shard, shard), sy = sb.y.narrow(0, rank * shard, shard);
+      ddp_two.zero_grad();  // the model's gradients; the extra parameter's is dropped by hand
+      extra_two.set_grad(Tensor());
+      mt::add(mt::cross_entropy(two_phase.forward(sx), sy), mt::sum(mt::mul(extra_two, extra_two))).backward();
+      ddp_two.step(opt_two);
+      ddp_one.zero_grad();
+      extra_one.set_grad(Tensor());
+      mt::add(mt::cross_entropy(one_phase.forward(sx), sy), mt::sum(mt::mul(extra_one, extra_one))).backward();
+      ddp_one.synchronize();
+      opt_one.step();
+    }
+    const double two_vs_one = max_relative_difference(two_phase, one_phase);
+    check(two_vs_one == 0, "step(optimizer) vs synchronize() + step(): " + std::to_string(two_vs_one), rank);
+    check(extra_two.to_vector<float>() == extra_one.to_vector<float>(),
+          "a parameter outside the model is updated as one step() updates it", rank);
 
     if (rank == 0) {
       std::printf("ddp_mpi: %s on %s, %zu buckets; DDP vs single process %.2e; no_sync vs one step %.2e; %s\n",

@@ -61,6 +61,12 @@ int main(int argc, char** argv) {
   bool cuda_graph = false;
   app.add_flag("--cuda-graph", cuda_graph,
                "capture each mode's step in a CUDA Graph after warm-up and replay it (one GPU, no dropout)");
+  std::string ddp_update = "overlapped";
+  app.add_option("--ddp-update", ddp_update,
+                 "under mpirun: overlapped (DistributedDataParallel::step, the update of the early buckets "
+                 "hides the last all-reduce) or after (synchronize, then the optimizer)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"overlapped", "after"}));
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -95,8 +101,9 @@ int main(int argc, char** argv) {
     std::unique_ptr<mt::dist::DistributedDataParallel> ddp;
     if (group) {
       ddp = std::make_unique<mt::dist::DistributedDataParallel>(model, *group);
-      std::printf("gpt_step: data parallel over %d ranks, B=%lld per rank, %zu buckets\n", world,
-                  static_cast<long long>(batch), ddp->num_buckets());
+      std::printf("gpt_step: data parallel over %d ranks, B=%lld per rank, %zu buckets, optimizer update %s\n", world,
+                  static_cast<long long>(batch), ddp->num_buckets(),
+                  ddp_update == "overlapped" ? "overlapped with the last all-reduce" : "after every all-reduce");
     }
     mt::Generator data(1 + static_cast<uint64_t>(rank));  // each rank its own tokens
     const mt::Tensor ids = mt::uniform({batch, seq + 1}, 0, static_cast<double>(config.vocab_size), {}, &data)
@@ -129,8 +136,12 @@ int main(int argc, char** argv) {
           opt.zero_grad(/*set_to_none=*/!cuda_graph);  // a captured step keeps its gradient buffers
         }
         loss.backward();
-        if (ddp) ddp->synchronize();
-        opt.step();
+        if (ddp && ddp_update == "overlapped") {
+          ddp->step(opt);
+        } else {
+          if (ddp) ddp->synchronize();
+          opt.step();
+        }
         loss_out.copy_(loss.detach().to(mt::DType::f32).reshape({1}));
       };
       mt::CudaGraphStep graph_step(device, train_step, {&opt}, /*warmup=*/2, /*enabled=*/cuda_graph);

@@ -1,13 +1,15 @@
 // Op micro-benchmarks: one op (or one fused pair) at a time, at GPT-2 124M's shapes, each timed
 // against its floor.
 //
-//   op_bench --device cuda --dtype bf16 [--ops gemm,gemm_bias,layer_norm,attention,cross_entropy,adamw]
+//   op_bench --device cuda --dtype bf16 [--ops gemm,gemm_bias,layer_norm,attention,attention_bthd,...]
 //
 //   gemm           y = x W^T               x [rows, width], W [4 width, width] (the MLP's c_fc), forward
 //   gemm_bias      y = x W^T + b           the same, with the bias in cuBLASLt's epilogue, forward
 //   layer_norm     layer_norm(x, w, b)     x [rows, width], forward + backward of a random dy
 //   attention      causal SDPA             q, k, v [batch, heads, seq, width / heads], forward +
 //                                          backward of a random dO
+//   attention_bthd the same, q, k, v and dO stored [batch, seq, heads, width / heads] and seen
+//                  through a transpose: the layout a transformer's heads come from
 //   cross_entropy  the LM head and its loss: linear_cross_entropy(x, W, target), x [rows, width],
 //                  W [vocab, width], forward + backward (the fused op; PyTorch's twin forms the logits)
 //   adamw          one AdamW step over GPT-2's parameter set (--layers blocks; --adamw-dtype, f32 by
@@ -44,7 +46,8 @@
 
 namespace {
 
-const std::vector<std::string> kOps = {"gemm", "gemm_bias", "layer_norm", "attention", "cross_entropy", "adamw"};
+const std::vector<std::string> kOps = {"gemm",           "gemm_bias",     "layer_norm", "attention",
+                                       "attention_bthd", "cross_entropy", "adamw"};
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
@@ -235,24 +238,28 @@ Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes
   return m;
 }
 
-Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes& s) {
+// bthd: the operands are stored [B, T, H, D] and passed as [B, H, T, D] transposed views.
+Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes& s, bool bthd) {
   mt::Generator generator(4);
   const int64_t d = s.width / s.heads;
   const mt::Shape shape = {s.batch, s.heads, s.seq, d};  // [B, H, T, D]
-  std::vector<mt::Tensor> q, k, v, dout;                 // per input set, each [B, H, T, D]
+  const mt::Shape stored = bthd ? mt::Shape{s.batch, s.seq, s.heads, d} : shape;
+  auto view = [&](const mt::Tensor& t) { return bthd ? t.transpose(1, 2) : t; };
+  std::vector<mt::Tensor> q, k, v, dout;  // per input set, each stored as `stored`
   for (int64_t set = 0; set < timing.sets; ++set) {
-    q.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
-    k.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
-    v.push_back(mt::randn(shape, on(timing.device, dtype, true), &generator));
-    dout.push_back(mt::randn(shape, on(timing.device, dtype), &generator));
+    for (std::vector<mt::Tensor>* leaf : {&q, &k, &v}) {
+      leaf->push_back(mt::randn(stored, on(timing.device, dtype, true), &generator));
+    }
+    dout.push_back(mt::randn(stored, on(timing.device, dtype), &generator));
   }
   Measurement m;
-  m.op = "attention";
-  m.shape = mt::shape_str(shape) + " causal fwd+bwd";
+  m.op = bthd ? "attention_bthd" : "attention";
+  m.shape = mt::shape_str(shape) + (bthd ? " as BTHD" : "") + " causal fwd+bwd";
   m.ms = time_op_ms(
       timing, timing.sets,
       [&](int64_t set) {
-        mt::scaled_dot_product_attention(q[set], k[set], v[set], /*causal=*/true).backward(dout[set]);
+        mt::scaled_dot_product_attention(view(q[set]), view(k[set]), view(v[set]), /*causal=*/true)
+            .backward(view(dout[set]));
         clear_grads({q[set], k[set], v[set]});
       },
       &m);
@@ -428,7 +435,8 @@ int main(int argc, char** argv) {
 
   try {
     const std::vector<std::string> ops = gpt_example::split_commas(ops_text);
-    const bool attention = std::find(ops.begin(), ops.end(), "attention") != ops.end();
+    const bool attention = std::find(ops.begin(), ops.end(), "attention") != ops.end() ||
+                           std::find(ops.begin(), ops.end(), "attention_bthd") != ops.end();
     MT_CHECK(!attention || s.width % s.heads == 0, "--width ", s.width, " is not a multiple of --heads ", s.heads,
              " (attention's head size is width / heads)");
     const mt::Device device(device_name);
@@ -462,8 +470,8 @@ int main(int argc, char** argv) {
         m = bench_gemm(timing, dtype, s, /*with_bias=*/op == "gemm_bias");
       } else if (op == "layer_norm") {
         m = bench_layer_norm(timing, dtype, s);
-      } else if (op == "attention") {
-        m = bench_attention(timing, dtype, s);
+      } else if (op == "attention" || op == "attention_bthd") {
+        m = bench_attention(timing, dtype, s, /*bthd=*/op == "attention_bthd");
       } else if (op == "cross_entropy") {
         m = bench_cross_entropy(timing, dtype, s);
       } else {

@@ -24,7 +24,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-OPS = ("gemm", "gemm_bias", "layer_norm", "attention", "cross_entropy", "adamw")
+OPS = ("gemm", "gemm_bias", "layer_norm", "attention", "attention_bthd", "cross_entropy", "adamw")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
@@ -103,16 +103,21 @@ def bench_layer_norm(args, dtype):
     return time_op_ms(body, args.sets, args)
 
 
-def bench_attention(args, dtype):
-    shape = (args.batch, args.heads, args.seq, args.width // args.heads)
-    qkv = [[torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3)]
-           for _ in range(args.sets)]
-    dout = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(args.sets)]
+def bench_attention(args, dtype, bthd=False):
+    """bthd: the operands are stored [B, T, H, D] and passed as [B, H, T, D] transposed views."""
+    d = args.width // args.heads
+    stored = (args.batch, args.seq, args.heads, d) if bthd else (args.batch, args.heads, args.seq, d)
+    leaves = [[torch.randn(stored, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3)]
+              for _ in range(args.sets)]
+    dout = [torch.randn(stored, device="cuda", dtype=dtype) for _ in range(args.sets)]
+
+    def view(t):
+        return t.transpose(1, 2) if bthd else t
 
     def body(k):
-        q, key, v = qkv[k]
+        q, key, v = leaves[k]
         clear_grads(q, key, v)
-        F.scaled_dot_product_attention(q, key, v, is_causal=True).backward(dout[k])
+        F.scaled_dot_product_attention(view(q), view(key), view(v), is_causal=True).backward(view(dout[k]))
 
     return time_op_ms(body, args.sets, args)
 
@@ -194,7 +199,7 @@ def main():
     p.add_argument("--layers", type=positive, default=12, help="GPT-2 blocks in adamw's parameter set")
     p.add_argument("--adamw-dtype", choices=sorted(DTYPES), default="f32")
     args = p.parse_args()
-    if "attention" in args.ops and args.width % args.heads:
+    if ("attention" in args.ops or "attention_bthd" in args.ops) and args.width % args.heads:
         p.error(f"--width {args.width} is not a multiple of --heads {args.heads} (attention's head size)")
     torch.manual_seed(0)
     dtype = DTYPES[args.dtype]
@@ -207,8 +212,8 @@ def main():
             ms, how = bench_gemm(args, dtype, with_bias=op == "gemm_bias")
         elif op == "layer_norm":
             ms, how = bench_layer_norm(args, dtype)
-        elif op == "attention":
-            ms, how = bench_attention(args, dtype)
+        elif op in ("attention", "attention_bthd"):
+            ms, how = bench_attention(args, dtype, bthd=op == "attention_bthd")
         elif op == "cross_entropy":
             ms, how = bench_cross_entropy(args, dtype)
         else:

@@ -43,9 +43,7 @@ if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') >= 2)); then
   echo "== GPT-2 124M shape, full training, data parallel over 2 GPUs (B=16 per GPU) =="
   mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0
-  # The all-reduce hides behind backward but its kernels take SMs from it: with fewer CTAs it
-  # runs longer and still hidden, and backward keeps more of the GPU.
-  echo "-- the same with NCCL limited to 4 CTAs per collective (NCCL_MAX_CTAS=4) --"
+  echo "-- the same with the optimizer's update after every all-reduce (synchronize, then step) --"
   mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    -x NVSHMEM_DISABLE_NVLS=1 -x NCCL_MAX_CTAS=4 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0
+    -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --ddp-update after
 fi
