@@ -74,7 +74,9 @@ class DistributedDataParallel {
   // gradients (a GPT's tied embedding among them), final only when backward ends, so its
   // reduction cannot hide behind backward; the rest of the update hides it instead. The
   // optimizer is called twice, each time seeing only the gradients it may use (an optimizer
-  // skips a parameter without one), so every parameter gets the update one step() would give.
+  // skips a parameter without one), so every parameter gets the update one step() would give:
+  // true of an optimizer whose update of a parameter reads only its own gradient and state, as
+  // SGD's and AdamW's do (their step counts are per parameter).
   // A step that needs every gradient at once (a GradScaler's unscale, gradient clipping) calls
   // synchronize() and its own step instead.
   void step(Optimizer& optimizer);
