@@ -159,7 +159,7 @@ class Graph {
   void capture(const Stream& stream, const std::function<void()>& body);
   // Runs `body` eagerly on `stream` while the allocator keeps the ledger a capture would, and
   // returns what would make capture() refuse it (tensors kept, or older ones freed), or "".
-  // A step that fails this check is never captured, so no graph that keeps memory is launched.
+  // A step that fails this check is refused while it still runs (a refused capture runs nothing).
   static std::string observe(const Stream& stream, const std::function<void()>& body);
   void replay(const Stream& stream) const;  // the recorded work, enqueued on `stream`
   bool captured() const { return exec_ != nullptr; }
