@@ -1,8 +1,11 @@
-// CUDA layer / RMS norm. Forward and the input gradient: one block per row of
-// the contiguous [rows, C] view, block reductions in acc_t. Parameter
-// gradients: a [groups, C] buffer of per-block partial sums over row groups
-// (column tiles of 32 threads, so reads are coalesced), then one pass summing
-// the groups per column; deterministic, no atomics.
+// CUDA layer / RMS norm. Rows of up to kWarpRowCols columns (not f64) go one warp
+// per row, the row held in registers (read from memory once, reduced by shuffles,
+// no barrier); their backward also sums the parameter gradients in the same pass,
+// each lane over its own columns, into per-block partial rows. Other rows: one
+// block per row for the forward and the input gradient (block reductions in acc_t),
+// and the parameter gradients as a [groups, C] buffer of per-block partial sums over
+// row groups (column tiles of 32 threads, so reads are coalesced). Either way one
+// pass then sums the partial rows per column; deterministic, no atomics.
 #include <algorithm>
 #include <type_traits>
 
@@ -21,6 +24,147 @@ constexpr int kColTile = 32;        // columns per parameter-gradient block (thr
 constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient block (threadIdx.y)
 constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
 constexpr int kFinalRows = 16;      // group rows in flight per block of the final sum (threadIdx.y)
+constexpr int kMaxPerLane = 32;     // row elements a lane may hold in the warp-per-row kernels
+constexpr int64_t kWarpRowCols = rowwise::kWarpSize * kMaxPerLane;  // widest row they take (1024)
+constexpr int kWarpRowBlock = 256;          // threads per block of the warp-per-row kernels: 8 rows at a time
+constexpr int64_t kMaxWarpRowGroups = 512;  // blocks (parameter-gradient partial rows) of the warp-per-row backward
+
+// The warp-per-row kernels' grid: kWarpRowBlock / 32 rows per block, capped (the kernels loop).
+inline unsigned warp_row_grid(int64_t rows) {
+  constexpr int64_t kRowsPerBlock = kWarpRowBlock / rowwise::kWarpSize;
+  return rowwise::row_grid((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// Calls fn(std::integral_constant<int, N>) with the fewest elements per lane, N in {8, 24, 32},
+// that hold `cols`: the row lives in registers, and every unused slot costs some. 24 is GPT-2
+// small's 768 columns, 32 its medium's 1024; more variants would mostly cost compile time.
+template <typename Fn>
+void dispatch_per_lane(int64_t cols, Fn&& fn) {
+  const int64_t needed = (cols + rowwise::kWarpSize - 1) / rowwise::kWarpSize;
+  if (needed <= 8) return fn(std::integral_constant<int, 8>{});
+  if (needed <= 24) return fn(std::integral_constant<int, 24>{});
+  fn(std::integral_constant<int, kMaxPerLane>{});
+}
+
+// The forward of norm_forward_kernel below for rows of at most kPerLane * 32 columns. Lane l
+// holds columns l, l + 32, ...: each warp load is 32 adjacent elements, and one pointer per lane
+// with constant offsets addresses them all (no register per address).
+template <typename T, typename Y, NormKind kKind, int kPerLane>
+__global__ void __launch_bounds__(kWarpRowBlock)
+    norm_forward_warp_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight, const T* bias,
+                             int64_t rows, int cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  constexpr int kLanes = rowwise::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int64_t warps = blockDim.x / kLanes;
+  const T* wp = weight != nullptr ? weight + lane : nullptr;
+  const T* bp = bias != nullptr ? bias + lane : nullptr;
+  for (int64_t r = blockIdx.x * warps + threadIdx.x / kLanes; r < rows; r += gridDim.x * warps) {
+    const T* xp = x + r * cols + lane;
+    A v[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) v[j] = lane + kLanes * j < cols ? convert<A>(xp[kLanes * j]) : A(0);
+    A sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) sum += v[j];  // unused slots hold 0
+    A mu = 0;
+    if constexpr (kKind == NormKind::layer) mu = rowwise::warp_reduce(sum, rowwise::Sum{}) / static_cast<A>(cols);
+    A var = 0;  // the centred sum of squares, as the block kernel takes it
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const A d = v[j] - mu;
+      if (lane + kLanes * j < cols) var += d * d;
+    }
+    const A rs = A(1) / math::sqrt(rowwise::warp_reduce(var, rowwise::Sum{}) / static_cast<A>(cols) + eps);
+    if (lane == 0) {
+      if constexpr (kKind == NormKind::layer) mean_out[r] = mu;
+      rstd_out[r] = rs;
+    }
+    Y* yp = y + r * cols + lane;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + kLanes * j >= cols) continue;
+      A o = (v[j] - mu) * rs;
+      if (wp != nullptr) o *= convert<A>(wp[kLanes * j]);
+      if (bp != nullptr) o += convert<A>(bp[kLanes * j]);
+      yp[kLanes * j] = convert<Y>(o);
+    }
+  }
+}
+
+// The whole backward for rows of at most kPerLane * 32 columns, laid out as in
+// norm_forward_warp_kernel: the input gradient of norm_backward_dx_kernel below and, in the same pass over dy and x,
+// the parameter gradients' partial sums. A lane owns the same columns in every row it visits, so it sums dy * xhat and
+// dy for them in registers; at the end the block's warps are summed through shared memory into row blockIdx.x of
+// dweight_part / dbias_part [gridDim.x, cols] (a null one is skipped), which sum_groups_kernel
+// then reduces. Deterministic: the grid depends on the rows alone.
+template <typename T, typename G, NormKind kKind, int kPerLane>
+__global__ void __launch_bounds__(kWarpRowBlock)
+    norm_backward_warp_kernel(T* dx, acc_t<T>* dweight_part, acc_t<T>* dbias_part, const G* dy, const T* x,
+                              const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, int64_t rows, int cols) {
+  using A = acc_t<T>;
+  constexpr int kLanes = rowwise::kWarpSize;
+  constexpr int kWarps = kWarpRowBlock / kLanes;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int warp = static_cast<int>(threadIdx.x) / kLanes;
+  const A inv_cols = A(1) / static_cast<A>(cols);
+  const T* wp = weight != nullptr ? weight + lane : nullptr;
+  const bool params = dweight_part != nullptr || dbias_part != nullptr;
+  A sum_dw[kPerLane], sum_db[kPerLane];  // this lane's columns, over the rows it visits
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) sum_dw[j] = sum_db[j] = A(0);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const G* gp = dy + r * cols + lane;
+    const T* xp = x + r * cols + lane;
+    const A mu = kKind == NormKind::layer ? mean[r] : A(0);
+    const A rs = rstd[r];
+    A g[kPerLane], xhat[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {  // every load issued before any is used
+      const bool in_row = lane + kLanes * j < cols;
+      g[j] = in_row ? convert<A>(gp[kLanes * j]) : A(0);
+      xhat[j] = in_row ? convert<A>(xp[kLanes * j]) : A(0);
+    }
+    A sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + kLanes * j >= cols) continue;
+      xhat[j] = (xhat[j] - mu) * rs;
+      sum_db[j] += g[j];  // dbias = sum of dy; dweight = sum of dy * xhat
+      sum_dw[j] += g[j] * xhat[j];
+      if (wp != nullptr) g[j] *= convert<A>(wp[kLanes * j]);
+      sum_g += g[j];
+      sum_gx += g[j] * xhat[j];
+    }
+    A mean_g = 0;
+    if constexpr (kKind == NormKind::layer) mean_g = rowwise::warp_reduce(sum_g, rowwise::Sum{}) * inv_cols;
+    const A mean_gx = rowwise::warp_reduce(sum_gx, rowwise::Sum{}) * inv_cols;
+    T* dp = dx + r * cols + lane;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + kLanes * j < cols) dp[kLanes * j] = convert<T>(rs * (g[j] - mean_g - xhat[j] * mean_gx));
+    }
+  }
+  if (!params) return;  // the same for every thread of the grid: no barrier is skipped by some
+  // One [kWarps, kPerLane * 32] tile, used for dweight and then for dbias.
+  __shared__ A tile[kWarps][kPerLane * kLanes];
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {  // unrolled, so that the sums stay in registers
+    A* out = pass == 0 ? dweight_part : dbias_part;
+    if (out == nullptr) continue;  // also the same for every thread
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) tile[warp][lane + kLanes * j] = pass == 0 ? sum_dw[j] : sum_db[j];
+    __syncthreads();
+    for (int c = static_cast<int>(threadIdx.x); c < cols; c += kWarpRowBlock) {
+      A total = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += tile[w][c];
+      out[static_cast<int64_t>(blockIdx.x) * cols + c] = total;
+    }
+    __syncthreads();  // before the next pass overwrites the tile
+  }
+}
 
 // y is written as Y: x's dtype, or a half type for an f32 x (the next GEMM's input,
 // rounded once on the store instead of by a separate cast).
@@ -166,6 +310,72 @@ void dispatch_norm_io(DType x_dtype, DType io_dtype, const char* name, Fn&& fn) 
   });
 }
 
+// Launches the warp-per-row forward when it takes the rows (at most kWarpRowCols columns, not
+// f64: twice the registers per element, and those rows are no hot path); returns whether it did.
+template <typename T, typename Y, NormKind kKind>
+bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                              const Tensor& weight, const Tensor& bias, double eps, const cuda::Stream& stream) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    using A = acc_t<T>;
+    const int64_t rows = x.shape()[0], cols = x.shape()[1];
+    if (cols > kWarpRowCols) return false;
+    dispatch_per_lane(cols, [&](auto per_lane) {
+      norm_forward_warp_kernel<T, Y, kKind, decltype(per_lane)::value>
+          <<<warp_row_grid(rows), kWarpRowBlock, 0, stream.handle()>>>(
+              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
+              static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows,
+              static_cast<int>(cols), static_cast<A>(eps));
+    });
+    return true;
+  }
+}
+
+// out[c] = sum of part[g, c] over the groups, cast to out's dtype T.
+template <typename T>
+void sum_partial_groups(const Tensor& out, const Tensor& part, int64_t groups, int64_t cols,
+                        const cuda::Stream& stream) {
+  using A = acc_t<T>;
+  const unsigned blocks = static_cast<unsigned>((cols + kColTile - 1) / kColTile);
+  sum_groups_kernel<T><<<blocks, dim3(kColTile, kFinalRows), 0, stream.handle()>>>(
+      static_cast<T*>(out.data_ptr()), static_cast<const A*>(part.data_ptr()), groups, cols);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+// The warp-per-row backward when it takes the rows (as launch_forward_warp_rows, and only with
+// an input gradient: x and the statistics are there then): dx, and dweight / dbias when wanted
+// from the same pass, through per-block partial sums; returns whether it did.
+template <typename T, typename G, NormKind kKind>
+bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                               const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                               const cuda::Stream& stream) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    using A = acc_t<T>;
+    const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
+    if (cols > kWarpRowCols || !dx.defined() || rows == 0) return false;
+    // Fewer blocks than rows / 8: each block's partial row costs a write and a read of `cols`
+    // sums, and a few rows per warp keep enough loads in flight.
+    const int64_t groups = std::min<int64_t>(warp_row_grid(rows), kMaxWarpRowGroups);
+    const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
+    const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
+    const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
+    dispatch_per_lane(cols, [&](auto per_lane) {
+      norm_backward_warp_kernel<T, G, kKind, decltype(per_lane)::value>
+          <<<static_cast<unsigned>(groups), kWarpRowBlock, 0, stream.handle()>>>(
+              static_cast<T*>(dx.data_ptr()), mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part),
+              static_cast<const G*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean),
+              static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows, static_cast<int>(cols));
+    });
+    MT_CUDA_CHECK_LAUNCH();
+    if (dweight.defined()) sum_partial_groups<T>(dweight, dw_part, groups, cols, stream);
+    if (dbias.defined()) sum_partial_groups<T>(dbias, db_part, groups, cols, stream);
+    return true;
+  }
+}
+
 template <NormKind kKind>
 void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                     const Tensor& bias, double eps) {
@@ -176,10 +386,13 @@ void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, con
     using T = typename decltype(tag)::type;
     using Y = typename decltype(io_tag)::type;
     using A = acc_t<T>;
-    norm_forward_kernel<T, Y, kKind><<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
-        static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
-        static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows, cols,
-        static_cast<A>(eps));
+    if (!launch_forward_warp_rows<T, Y, kKind>(y, mean, rstd, x, weight, bias, eps, stream)) {
+      norm_forward_kernel<T, Y, kKind>
+          <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
+              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
+              static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows, cols,
+              static_cast<A>(eps));
+    }
     MT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -196,6 +409,7 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
     using T = typename decltype(tag)::type;
     using G = typename decltype(io_tag)::type;
     using A = acc_t<T>;
+    if (launch_backward_warp_rows<T, G, kKind>(dx, dweight, dbias, dy, x, mean, rstd, weight, stream)) return;
     if (dx.defined() && rows > 0) {
       norm_backward_dx_kernel<T, G, kKind>
           <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
@@ -216,18 +430,8 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
         mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()),
         data_or_null<T>(x), data_or_null<A>(mean), data_or_null<A>(rstd), rows, cols);
     MT_CUDA_CHECK_LAUNCH();
-    const unsigned final_blocks = static_cast<unsigned>((cols + kColTile - 1) / kColTile);
-    const dim3 final_block(kColTile, kFinalRows);
-    if (dweight.defined()) {
-      sum_groups_kernel<T><<<final_blocks, final_block, 0, stream.handle()>>>(
-          static_cast<T*>(dweight.data_ptr()), static_cast<const A*>(dw_part.data_ptr()), groups, cols);
-      MT_CUDA_CHECK_LAUNCH();
-    }
-    if (dbias.defined()) {
-      sum_groups_kernel<T><<<final_blocks, final_block, 0, stream.handle()>>>(
-          static_cast<T*>(dbias.data_ptr()), static_cast<const A*>(db_part.data_ptr()), groups, cols);
-      MT_CUDA_CHECK_LAUNCH();
-    }
+    if (dweight.defined()) sum_partial_groups<T>(dweight, dw_part, groups, cols, stream);
+    if (dbias.defined()) sum_partial_groups<T>(dbias, db_part, groups, cols, stream);
   });
 }
 
