@@ -17,6 +17,10 @@ void set_allow_tf32_conv(bool allow) { g_tf32_conv.store(allow); }
 bool deterministic_algorithms() { return g_deterministic.load(); }
 void set_deterministic_algorithms(bool on) { g_deterministic.store(on); }
 
+DeterministicGuard::DeterministicGuard(bool on) : was_(deterministic_algorithms()) { set_deterministic_algorithms(on); }
+
+DeterministicGuard::~DeterministicGuard() { set_deterministic_algorithms(was_); }
+
 TF32Guard::TF32Guard(bool matmul, bool conv) : matmul_(allow_tf32_matmul()), conv_(allow_tf32_conv()) {
   set_allow_tf32_matmul(matmul);
   set_allow_tf32_conv(conv);

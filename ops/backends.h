@@ -22,6 +22,18 @@ void set_allow_tf32_conv(bool allow);
 bool deterministic_algorithms();
 void set_deterministic_algorithms(bool on);
 
+// Sets the switch for a scope, and puts the old value back.
+class DeterministicGuard {
+ public:
+  explicit DeterministicGuard(bool on = true);
+  ~DeterministicGuard();
+  DeterministicGuard(const DeterministicGuard&) = delete;
+  DeterministicGuard& operator=(const DeterministicGuard&) = delete;
+
+ private:
+  bool was_;
+};
+
 // Sets both switches for a scope (tests compare against f64 with TF32 off).
 class TF32Guard {
  public:

@@ -17,6 +17,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/cudnn_handle.h"
+#include "ops/shape/windows.h"
 
 namespace mt::ops {
 
@@ -174,9 +175,15 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
     grad_out = empty_bthd(out.shape(), out.dtype(), out.device());
     grad_out.copy_(grad_out_in);
   }
-  std::array<Tensor, 3> grads = {empty_bthd(q.shape(), q.dtype(), q.device()),
-                                 empty_bthd(k.shape(), k.dtype(), k.device()),
-                                 empty_bthd(v.shape(), v.dtype(), v.device())};
+  // q, k and v split from one fused projection get their gradients in one buffer laid out
+  // as that projection's output, which split's backward then passes on without a copy.
+  std::array<Tensor, 3> grads;
+  if (std::vector<Tensor> windows = empty_windows_like({q, k, v}); !windows.empty()) {
+    grads = {windows[0], windows[1], windows[2]};
+  } else {
+    grads = {empty_bthd(q.shape(), q.dtype(), q.device()), empty_bthd(k.shape(), k.dtype(), k.device()),
+             empty_bthd(v.shape(), v.dtype(), v.device())};
+  }
   const bool dropout = p.dropout_p > 0.0;
   BuiltGraph& built =
       cached_graph(problem_key(backends::deterministic_algorithms() ? "bwd deterministic" : "bwd",

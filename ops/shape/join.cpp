@@ -8,6 +8,7 @@
 
 #include "autograd/function.h"
 #include "ops/common.h"
+#include "ops/shape/windows.h"
 
 namespace mt {
 
@@ -33,6 +34,10 @@ std::vector<Tensor> split_views(const Tensor& x, int64_t d, const std::vector<in
     auto node = std::make_shared<LambdaNode>(
         "SplitBackward", [d, starts, lengths](const std::vector<Tensor>& g, const LambdaNode& self) {
           const autograd::TensorMeta& m = self.input_meta[0];
+          // Gradients already written as the windows of one tensor (attention's dq, dk, dv
+          // of a split qkv): that tensor is x's gradient, with no copy.
+          Tensor joined = ops::joined_view(g, d, starts, lengths, m.shape);
+          if (joined.defined() && joined.dtype() == m.dtype) return std::vector<Tensor>{joined};
           Tensor dx = empty(m.shape, TensorOptions().dtype(m.dtype).device(m.device));
           for (size_t i = 0; i < starts.size(); ++i) {
             if (lengths[i] > 0) raw::narrow(dx, d, starts[i], lengths[i]).copy_(g[i]);

@@ -340,11 +340,7 @@ TEST(GPT, CudaCheckpointingMatchesWithinF32Rounding) {
 TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   // cuDNN's attention backward adds dQ with atomics unless asked not to.
-  struct Deterministic {
-    const bool was = backends::deterministic_algorithms();
-    Deterministic() { backends::set_deterministic_algorithms(true); }
-    ~Deterministic() { backends::set_deterministic_algorithms(was); }
-  } deterministic;
+  const backends::DeterministicGuard deterministic;
   const Device cuda("cuda");
   const GPTConfig c = tiny_config();
   struct Run {

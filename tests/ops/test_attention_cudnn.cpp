@@ -4,7 +4,9 @@
 
 #include "core/view.h"
 #include "ops/attention/attention.h"
+#include "ops/backends.h"
 #include "ops/ops.h"
+#include "ops/shape/join.h"
 #include "tests/test_util.h"
 
 namespace mt {
@@ -49,6 +51,34 @@ TEST(AttentionCudnn, MatchesTheF64ReferenceForwardAndBackward) {
     std::printf("[ cudnn sdpa ] %s causal=%d: output error %.2e, qkv gradient error %.2e (tolerance %.0e)\n",
                 dtype_name(c.dtype), c.causal, out_error, grad_error, c.tolerance);
   }
+}
+
+// q, k, v split from one [B, T, 3C] tensor get their gradients written by cuDNN into one
+// buffer laid out as that tensor, which split's backward passes on without a copy. Against the
+// same values as three separate [B, H, T, D] leaves: bitwise equal (deterministic backward).
+TEST(AttentionCudnn, SplitQkvGradientIsBitwiseTheSeparateOperandsGradients) {
+  MT_SKIP_WITHOUT_CUDA();
+  const backends::DeterministicGuard deterministic;
+  const TensorOptions bf16_gpu = TensorOptions().dtype(DType::bf16).device(Device("cuda"));
+  Generator gen(21);
+  const int64_t B = 2, T = 128, H = 4, D = 64, C = H * D;
+  const Tensor qkv = randn({B, T, 3 * C}, bf16_gpu, &gen).requires_grad_();
+  const Tensor grad_out = randn({B, H, T, D}, bf16_gpu, &gen);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
+
+  const std::vector<Tensor> pieces = split(qkv, C, 2);
+  const Tensor out = scaled_dot_product_attention(heads(pieces[0]), heads(pieces[1]), heads(pieces[2]), true);
+  sum(mul(out, grad_out)).backward();
+
+  std::vector<Tensor> separate;
+  for (const Tensor& piece : pieces) separate.push_back(heads(piece).detach().contiguous().requires_grad_());
+  const Tensor ref = scaled_dot_product_attention(separate[0], separate[1], separate[2], true);
+  sum(mul(ref, grad_out)).backward();
+  std::vector<Tensor> ref_grads;  // back to [B, T, C] each, then side by side
+  for (const Tensor& s : separate) ref_grads.push_back(s.grad().transpose(1, 2).reshape({B, T, C}));
+
+  EXPECT_EQ(out.to_vector<double>(), ref.to_vector<double>()) << "output";
+  EXPECT_EQ(qkv.grad().to_vector<double>(), cat(ref_grads, 2).to_vector<double>()) << "qkv gradient";
 }
 
 // With v = I (Tk = D), out = dropout(P): the output shows the mask, and dv = out^T dO holds

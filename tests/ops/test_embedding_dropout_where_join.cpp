@@ -5,10 +5,13 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/function.h"
+#include "core/view.h"
 #include "ops/dropout/dropout.h"
 #include "ops/embedding/embedding.h"
 #include "ops/ops.h"
 #include "ops/shape/join.h"
+#include "ops/shape/windows.h"
 #include "ops/where/where.h"
 #include "tests/ops/op_contract.h"
 #include "tests/test_util.h"
@@ -392,6 +395,86 @@ TEST(Join, SplitThenCatGradientRoundTrips) {
   const std::vector<Tensor> p = split(x, 1, 0);
   sum(cat({p[0] * 1.0, p[1] * 2.0, p[2] * 3.0}, 0)).backward();
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{1, 1, 2, 2, 3, 3}));
+}
+
+TEST(Windows, DenseLayoutIsAPermutedContiguousLayout) {
+  EXPECT_TRUE(ops::dense_layout({2, 3, 4}, {12, 4, 1}));
+  EXPECT_TRUE(ops::dense_layout({2, 3, 4}, {1, 8, 2}));    // permuted
+  EXPECT_TRUE(ops::dense_layout({2, 1, 4}, {4, 99, 1}));   // a size-1 dim's stride is free
+  EXPECT_FALSE(ops::dense_layout({2, 3, 4}, {24, 4, 1}));  // a gap after every 12
+  EXPECT_FALSE(ops::dense_layout({2, 3}, {1, 1}));         // slots reached twice
+  EXPECT_FALSE(ops::dense_layout({2, 3}, {0, 1}));         // expanded
+  EXPECT_FALSE(ops::dense_layout({0, 3}, {3, 1}));         // nothing at all
+}
+
+TEST(Windows, EmptyWindowsLikeLaysOutTheSplitPiecesOfOneBufferAsTheyWere) {
+  const Tensor qkv = zeros({2, 3, 12});  // [B, T, 3C], C = 4
+  const std::vector<Tensor> pieces = split(qkv, 4, 2);
+  const std::vector<Tensor> fresh = ops::empty_windows_like(pieces);
+  ASSERT_EQ(fresh.size(), 3u);
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_FALSE(fresh[j].shares_storage_with(qkv));
+    EXPECT_TRUE(fresh[j].shares_storage_with(fresh[0]));
+    EXPECT_EQ(fresh[j].shape(), pieces[j].shape());
+    EXPECT_EQ(fresh[j].strides(), pieces[j].strides());
+    EXPECT_EQ(fresh[j].offset(), 4 * static_cast<int64_t>(j));
+  }
+  EXPECT_EQ(fresh[0].storage()->nbytes(), qkv.nbytes());
+  // Not windows of one dense block: separate tensors, a gap, the wrong order, one piece.
+  EXPECT_TRUE(ops::empty_windows_like({zeros({2, 4}), zeros({2, 4})}).empty());
+  const std::vector<Tensor> spaced = split(zeros({2, 3, 15}), 5, 2);
+  EXPECT_TRUE(ops::empty_windows_like({spaced[0].narrow(2, 0, 4), spaced[1].narrow(2, 0, 4), spaced[2].narrow(2, 0, 4)})
+                  .empty());
+  EXPECT_TRUE(ops::empty_windows_like({pieces[1], pieces[0], pieces[2]}).empty());
+  EXPECT_TRUE(ops::empty_windows_like({pieces[0]}).empty());
+}
+
+TEST(Windows, JoinedViewIsTheTensorThePiecesAreWindowsOf) {
+  const Tensor whole = arange(0.0, 24.0, 1.0, DType::f32).reshape({2, 12});
+  const std::vector<Tensor> pieces = split(whole, std::vector<int64_t>{3, 0, 9}, 1);
+  const Tensor joined = ops::joined_view({pieces[0], Tensor(), pieces[2]}, 1, {0, 3, 3}, {3, 0, 9}, {2, 12});
+  ASSERT_TRUE(joined.defined());
+  EXPECT_TRUE(joined.shares_storage_with(whole));
+  EXPECT_EQ(joined.offset(), whole.offset());
+  EXPECT_EQ(joined.to_vector<double>(), whole.to_vector<double>());
+  // A copy of one piece, pieces out of order, a missing piece, a window of a wider tensor.
+  EXPECT_FALSE(ops::joined_view({pieces[0].clone(), pieces[1], pieces[2]}, 1, {0, 3, 3}, {3, 0, 9}, {2, 12}).defined());
+  EXPECT_FALSE(ops::joined_view({pieces[2], pieces[1], pieces[0]}, 1, {0, 9, 9}, {9, 0, 3}, {2, 12}).defined());
+  EXPECT_FALSE(ops::joined_view({pieces[0], pieces[1], Tensor()}, 1, {0, 3, 3}, {3, 0, 9}, {2, 12}).defined());
+  const std::vector<Tensor> inner = split(whole.narrow(1, 0, 8), 4, 1);
+  EXPECT_FALSE(ops::joined_view(inner, 1, {0, 4}, {4, 4}, {2, 8}).defined());
+}
+
+// An op whose backward writes its inputs' gradients as windows of one buffer (as attention
+// does for a split qkv): split's backward hands that buffer on as x's gradient, no copy.
+TEST(Join, SplitBackwardPassesOnGradientsThatAreWindowsOfOneBuffer) {
+  const Tensor leaf = zeros({2, 3, 12}).requires_grad_();
+  const Tensor x = leaf * 1.0;
+  const std::vector<Tensor> pieces = split(x, 4, 2);
+  Tensor written;  // the buffer the op's backward wrote
+  auto node = std::make_shared<autograd::LambdaNode>(
+      "WindowsBackward", [&written](const std::vector<Tensor>&, const autograd::LambdaNode& self) {
+        std::vector<Tensor> in = {self.unpack(0), self.unpack(1), self.unpack(2)};
+        std::vector<Tensor> grads = ops::empty_windows_like(in);
+        for (size_t j = 0; j < grads.size(); ++j) grads[j].copy_(full(in[j].shape(), static_cast<double>(j + 1)));
+        written = grads.at(0);
+        return grads;
+      });
+  node->saved = {autograd::SavedTensor(pieces[0]), autograd::SavedTensor(pieces[1]), autograd::SavedTensor(pieces[2])};
+  const Tensor out = zeros({1});
+  autograd::record(node, pieces, {out});
+  Tensor seen;  // what split's backward returned
+  x.register_hook([&seen](const Tensor& g) {
+    seen = g;
+    return g;
+  });
+  out.backward(ones({1}));
+  ASSERT_TRUE(seen.defined());
+  EXPECT_TRUE(seen.shares_storage_with(written));
+  std::vector<double> expected;
+  for (int row = 0; row < 6; ++row)
+    for (int j = 1; j <= 3; ++j) expected.insert(expected.end(), 4, j);
+  EXPECT_EQ(leaf.grad().to_vector<double>(), expected);
 }
 
 TEST(Join, CatOnCudaMatchesCpu) {
