@@ -2,12 +2,9 @@
 # Builds and tests on the GPU machine. Run from the repository root there:
 #   tools/device_check.sh [--skip-tests] [--sanitize] [--bench] [--parity] [--loss-curve] [--demo]
 #     --skip-tests  build only, no ctest (for a run that measures)
-# (the sanitizer ignores API error codes: the out-of-memory test provokes them on purpose)
-#     --sanitize[=TOOLS]  also run every *_tests executable under compute-sanitizer; TOOLS is
-#                 memcheck, racecheck or memcheck,racecheck (the default). MT_SANITIZE_FILTER, if set,
-#                 is passed as --gtest_filter (the CPU-only cases cost nothing: no kernels to check).
-#                 MT_RACECHECK_EXCLUDE (default kns=cudnn) names kernels racecheck skips;
-#                 MT_SANITIZE_SHARDS (default 2 per GPU) how many shards of each executable run at once.
+#     --sanitize[=TOOLS]  also run every test of the *_tests executables under compute-sanitizer,
+#                 each in a process of its own (tools/sanitize.sh: MT_SANITIZE_FILTER, MT_SANITIZE_JOBS,
+#                 MT_RACECHECK_EXCLUDE); TOOLS is memcheck, racecheck or memcheck,racecheck (the default).
 #     --bench     also run tools/bench/run_all.sh
 #     --parity    also run the PyTorch parity scripts in tools/parity/
 #     --loss-curve  also train GPT-2 124M for 50 steps beside PyTorch from the same weights and
@@ -88,70 +85,7 @@ fi
 
 sanitize_rc=0
 if ((sanitize)); then
-  mapfile -t exes < <(find "$build/tests" -type f -executable -name '*_tests' 2>/dev/null | sort)
-  if ! command -v compute-sanitizer >/dev/null; then
-    echo "sanitize: compute-sanitizer not found"
-    sanitize_rc=1
-  elif ((${#exes[@]} == 0)); then
-    echo "sanitize: no *_tests executables under $build/tests"
-  fi
-  filter=()
-  [[ -n "${MT_SANITIZE_FILTER:-}" ]] && filter=("--gtest_filter=$MT_SANITIZE_FILTER")
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-  ((gpus >= 1)) || gpus=1
-  shards="${MT_SANITIZE_SHARDS:-$((2 * gpus))}"
-  IFS=',' read -ra tools <<<"$sanitize_tools"
-  for tool in "${tools[@]}"; do
-    case "$tool" in
-      memcheck) tool_args=(--tool memcheck) ;;
-      # cuDNN's Hopper kernels (generated attention, precompiled sm90_xmma convolutions, their
-      # names all hold "cudnn") order shared memory through mbarriers and TMA, which racecheck
-      # does not model: it reports thousands of hazards in them. They are left out
-      # (MT_RACECHECK_EXCLUDE='' puts them back); every kernel of ours is checked.
-      racecheck)
-        tool_args=(--tool racecheck --racecheck-report all)
-        exclude="${MT_RACECHECK_EXCLUDE-kns=cudnn}"
-        [[ -n "$exclude" ]] && tool_args+=(--kernel-name-exclude "$exclude")
-        ;;
-      *) echo "sanitize: unknown tool '$tool' (memcheck or racecheck)"; sanitize_rc=1; continue ;;
-    esac
-    for exe in "${exes[@]}"; do
-      command -v compute-sanitizer >/dev/null || break
-      name=$(basename "$exe")
-      # An executable the filter leaves without a test makes no CUDA call, which the sanitizer
-      # reports as an error of its own.
-      matched=$("$exe" "${filter[@]}" --gtest_list_tests 2>/dev/null | grep -c '^  ' || true)
-      if ((matched == 0)); then
-        echo "sanitize $tool: $name has no test matching the filter"
-        continue
-      fi
-      # The tests are split into shards (gtest's own sharding, test i in shard i mod n, so no
-      # shard is empty) run side by side, spread over the GPUs: an instrumented run is slow and
-      # uses one CPU core and a sliver of a GPU.
-      n=$((matched < shards ? matched : shards))
-      tool_start=$SECONDS
-      pids=()
-      for ((shard = 0; shard < n; ++shard)); do
-        log="$out/sanitize-$tool-$name.$shard.log"
-        CUDA_VISIBLE_DEVICES=$((shard % gpus)) GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$shard \
-          compute-sanitizer "${tool_args[@]}" --report-api-errors no --error-exitcode 1 "$exe" "${filter[@]}" \
-          </dev/null >"$log" 2>&1 &
-        pids+=($!)
-      done
-      verdict="clean"
-      for ((shard = 0; shard < n; ++shard)); do
-        wait "${pids[$shard]}" || { verdict="FAILED (logs: $out/sanitize-$tool-$name.*.log)"; sanitize_rc=1; }
-      done
-      # Each shard's summary line: "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY:
-      # N hazards displayed (E errors, W warnings)" (racecheck); the errors are summed.
-      errors=$(cat "$out/sanitize-$tool-$name".*.log | grep -E '(ERROR|RACECHECK) SUMMARY' |
-        sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{n += $1} END {print n + 0}')
-      tests=$(cat "$out/sanitize-$tool-$name".*.log | grep -c '^\[       OK \]' || true)
-      echo "sanitize $tool: $name $verdict in $((SECONDS - tool_start)) s; $tests tests passed in $n shards," \
-        "$errors errors"
-      [[ "$verdict" == clean ]] || cat "$out/sanitize-$tool-$name".*.log | grep -m 5 -E '^========= [A-Z]|FAILED' || true
-    done
-  done
+  tools/sanitize.sh "$build" "$out" "$sanitize_tools" || sanitize_rc=$?
 fi
 
 bench_rc=0

@@ -642,8 +642,12 @@ double tolerance_for(DType dtype) {
   return dtype == DType::f64 ? 1e-12 : dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? 2e-2 : 4e-3;
 }
 
-TEST(SoftmaxLossNormCuda, LargeShapesMatchF64Cpu) {
+// One dtype per case: under compute-sanitizer each case takes minutes, and they run side by side.
+class SoftmaxLossNormCudaLarge : public ::testing::TestWithParam<DType> {};
+
+TEST_P(SoftmaxLossNormCudaLarge, ShapesMatchF64Cpu) {
   MT_SKIP_WITHOUT_CUDA();
+  const DType dtype = GetParam();
   Generator gen(12);
   const auto normal = [&](const Shape& shape, double scale = 1.0) { return randn(shape, DType::f64, &gen) * scale; };
   const Tensor wide = normal({3, 3001}, 4.0);     // 512 threads per row, each looping over 6 elements
@@ -653,37 +657,41 @@ TEST(SoftmaxLossNormCuda, LargeShapesMatchF64Cpu) {
   const Tensor target = from_vector(t, {6}, DType::i64);
   const Tensor x_norm = normal({1500, 768}, 2.0);  // 1500 rows: 24 row groups for dweight / dbias
   const Tensor w = normal({768}), b = normal({768});
-  for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
-    const double tol = tolerance_for(dtype);
-    expect_cuda_matches_f64("softmax_wide", {wide}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
-    expect_cuda_matches_f64("log_softmax_wide", {wide}, Tensor(), dtype, tol,
-                            [](const In& x) { return log_softmax(x[0], 1); });
-    expect_cuda_matches_f64("softmax_tall", {tall}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
-    expect_cuda_matches_f64("log_softmax_tall_dim0", {normal({2, 700, 3})}, Tensor(), dtype, tol,
-                            [](const In& x) { return log_softmax(x[0], 1); });
-    expect_cuda_matches_f64("cross_entropy_vocab_mean", {logits}, target, dtype, tol,
-                            [](const In& x) { return cross_entropy(x[0], x[1]); });
-    expect_cuda_matches_f64("cross_entropy_vocab_none", {logits}, target, dtype, tol,
-                            [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::none); });
-    expect_cuda_matches_f64("cross_entropy_tall_sum", {normal({70001, 3})},
-                            raw::to(uniform({70001}, 0, 2.999, DType::f64, &gen), DType::i64), dtype, tol,
-                            [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::sum); });
-    // Chunks of 256 rows: 3 chunks, the last partial; both gradients.
-    expect_cuda_matches_f64("linear_cross_entropy_vocab", {normal({600, 768}), normal({50257, 768}, 0.02)},
-                            raw::to(uniform({600}, 0, 50256.999, DType::f64, &gen), DType::i64), dtype, tol,
-                            [](const In& x) {
-                              LinearCrossEntropyOptions o;
-                              o.chunk_rows = 256;
-                              return linear_cross_entropy(x[0], x[1], x[2], o);
-                            });
-    expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
-                            [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
-    expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
-                            [](const In& x) { return rms_norm(x[0], x[1]); });
-    expect_cuda_matches_f64("rms_norm_tall", {normal({70001, 4}), normal({4})}, Tensor(), dtype, tol,
-                            [](const In& x) { return rms_norm(x[0], x[1]); });
-  }
+  const double tol = tolerance_for(dtype);
+  expect_cuda_matches_f64("softmax_wide", {wide}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
+  expect_cuda_matches_f64("log_softmax_wide", {wide}, Tensor(), dtype, tol,
+                          [](const In& x) { return log_softmax(x[0], 1); });
+  expect_cuda_matches_f64("softmax_tall", {tall}, Tensor(), dtype, tol, [](const In& x) { return softmax(x[0]); });
+  expect_cuda_matches_f64("log_softmax_tall_dim0", {normal({2, 700, 3})}, Tensor(), dtype, tol,
+                          [](const In& x) { return log_softmax(x[0], 1); });
+  expect_cuda_matches_f64("cross_entropy_vocab_mean", {logits}, target, dtype, tol,
+                          [](const In& x) { return cross_entropy(x[0], x[1]); });
+  expect_cuda_matches_f64("cross_entropy_vocab_none", {logits}, target, dtype, tol,
+                          [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::none); });
+  expect_cuda_matches_f64("cross_entropy_tall_sum", {normal({70001, 3})},
+                          raw::to(uniform({70001}, 0, 2.999, DType::f64, &gen), DType::i64), dtype, tol,
+                          [](const In& x) { return cross_entropy(x[0], x[1], -100, Reduction::sum); });
+  // Chunks of 256 rows: 3 chunks, the last partial; both gradients.
+  expect_cuda_matches_f64("linear_cross_entropy_vocab", {normal({600, 768}), normal({50257, 768}, 0.02)},
+                          raw::to(uniform({600}, 0, 50256.999, DType::f64, &gen), DType::i64), dtype, tol,
+                          [](const In& x) {
+                            LinearCrossEntropyOptions o;
+                            o.chunk_rows = 256;
+                            return linear_cross_entropy(x[0], x[1], x[2], o);
+                          });
+  expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
+                          [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
+  expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
+                          [](const In& x) { return rms_norm(x[0], x[1]); });
+  expect_cuda_matches_f64("rms_norm_tall", {normal({70001, 4}), normal({4})}, Tensor(), dtype, tol,
+                          [](const In& x) { return rms_norm(x[0], x[1]); });
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, SoftmaxLossNormCudaLarge,
+                         ::testing::Values(DType::f64, DType::f32, DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 TEST(SoftmaxLossNormCuda, OutOfRangeTargetGivesNanRowWithoutSync) {
   MT_SKIP_WITHOUT_CUDA();

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/view.h"
@@ -330,25 +331,34 @@ TEST(ClipGradNorm, CudaMatchesCpuOnFortyTensorsOfMixedSizes) {
   }
 }
 
-TEST(ClipGradNorm, CudaLaunchSplittingReachesEveryChunk) {
+// Small tables: launches split on the tensor table (5), on the block table (7, with a tensor
+// carried over into the next launch), and big tensors take hundreds of chunks of 1000. One table
+// size per case: under compute-sanitizer the one-block launches take minutes.
+class ClipGradNormCudaTables : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClipGradNormCudaTables, LaunchSplittingReachesEveryChunk) {
   MT_SKIP_WITHOUT_CUDA();
-  // Small tables: launches split on the tensor table (5), on the block table (7,
-  // with a tensor carried over into the next launch), and big tensors take
-  // hundreds of chunks of 1000.
-  for (const auto& [tensors, blocks] : std::vector<std::pair<int, int>>{{5, 7}, {1, 1}, {3, 320}, {110, 2}}) {
-    ClipCase c = make_case({DType::f32, DType::bf16}, 33);
-    optim_kernels::MultiTensorConfig config;
-    config.chunk_size = 1000;
-    config.max_tensors = tensors;
-    config.max_blocks = blocks;
-    const double expected = hand_norm(c.cpu);
-    const Tensor cpu_total = optim_kernels::clip_grad_norm_cpu(c.cpu, 0.5, 1e-6, DType::f32, config);
-    const Tensor gpu_total = optim_kernels::clip_grad_norm_cuda(c.gpu, 0.5, 1e-6, DType::f32, config);
-    EXPECT_NEAR(gpu_total.item(), expected, 1e-6 * expected);
-    const std::string what = "tables of " + std::to_string(tensors) + " tensors, " + std::to_string(blocks) + " blocks";
-    expect_cuda_matches_cpu(c, cpu_total, gpu_total, what.c_str());
-  }
+  const auto [tensors, blocks] = GetParam();
+  ClipCase c = make_case({DType::f32, DType::bf16}, 33);
+  optim_kernels::MultiTensorConfig config;
+  config.chunk_size = 1000;
+  config.max_tensors = tensors;
+  config.max_blocks = blocks;
+  const double expected = hand_norm(c.cpu);
+  const Tensor cpu_total = optim_kernels::clip_grad_norm_cpu(c.cpu, 0.5, 1e-6, DType::f32, config);
+  const Tensor gpu_total = optim_kernels::clip_grad_norm_cuda(c.gpu, 0.5, 1e-6, DType::f32, config);
+  EXPECT_NEAR(gpu_total.item(), expected, 1e-6 * expected);
+  const std::string what = "tables of " + std::to_string(tensors) + " tensors, " + std::to_string(blocks) + " blocks";
+  expect_cuda_matches_cpu(c, cpu_total, gpu_total, what.c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(Tables, ClipGradNormCudaTables,
+                         ::testing::Values(std::make_pair(5, 7), std::make_pair(1, 1), std::make_pair(3, 320),
+                                           std::make_pair(110, 2)),
+                         [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
+                           return std::to_string(info.param.first) + "_tensors_" + std::to_string(info.param.second) +
+                                  "_blocks";
+                         });
 
 TEST(ClipGradNorm, CudaBelowMaxNormLeavesGradientsBitwiseEqual) {
   MT_SKIP_WITHOUT_CUDA();
