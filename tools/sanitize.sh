@@ -2,13 +2,18 @@
 # Runs the tests of every *_tests executable under compute-sanitizer on the GPU machine; called by
 # `tools/device_check.sh --sanitize`:
 #   tools/sanitize.sh BUILD_DIR LOG_DIR TOOLS      (TOOLS: memcheck, racecheck or memcheck,racecheck)
-# Each test runs in a process of its own, MT_SANITIZE_JOBS of them at a time (default 8 per GPU),
+# Each test runs in a process of its own, MT_SANITIZE_JOBS of them at a time (default 4 per GPU),
 # spread over the GPUs. An instrumented kernel runs up to a thousand times slower, and one test
 # can take minutes: this way the slowest test, not a shard of many, bounds the wall time.
 #   MT_SANITIZE_FILTER   gtest filter (default every test; the CPU-only ones cost little)
+#   MT_SANITIZE_FIRST    regex of the tests started first, the slow ones (default below)
+#   MT_SANITIZE_DEADLINE seconds after which every test still running is stopped and reported
+#                        unfinished (default none), so that a summary is printed in time
 #   MT_RACECHECK_EXCLUDE kernels racecheck skips (default kns=cudnn; empty: none)
-# Prints, per tool and executable, the tests passed and the errors found; exits 1 if any test
-# failed or any error was reported. Each test's log is LOG_DIR/sanitize-TOOL/EXE/TEST.log.
+# Prints, per tool and executable, the tests passed, failed and unfinished, the errors found and
+# the slowest tests; exits 1 if any test failed or did not finish, or any error was reported.
+# Logs: LOG_DIR/sanitize-TOOL-EXE.log (every test's, one after another) and .times (test, exit
+# status, seconds).
 set -euo pipefail
 build=$1 out=$2 tool_list=$3
 filter="${MT_SANITIZE_FILTER:-*}"
@@ -24,7 +29,9 @@ if ((${#exes[@]} == 0)); then
 fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 ((gpus >= 1)) || gpus=1
-max_jobs="${MT_SANITIZE_JOBS:-$((8 * gpus))}"
+max_jobs="${MT_SANITIZE_JOBS:-$((4 * gpus))}"
+first="${MT_SANITIZE_FIRST:-Large|Tables|Conv2dCuda|Tf32|F64|Attention|GPT|CudaGraph}"
+deadline="${MT_SANITIZE_DEADLINE:-0}"
 
 # The full names ("Suite.Test", "Prefix/Suite.Test/3") of an executable's tests that match the
 # filter: --gtest_list_tests prints each suite ("Suite.") and then its tests indented.
@@ -33,14 +40,16 @@ list_tests() {
     awk '/^[^ ].*\.( |$)/ { suite = $1; next } /^  [^ ]/ && suite != "" { print suite $1 }'
 }
 
-# One test under the sanitizer; its exit status goes beside its log. API error codes are not
-# reported: the out-of-memory tests provoke them on purpose.
+# One test under the sanitizer; its exit status and time go beside its log (124: stopped at the
+# deadline). API error codes are not reported: the out-of-memory tests provoke them on purpose.
 run_one() {
-  local exe=$1 test=$2 gpu=$3 log=$4
-  local rc=0
-  CUDA_VISIBLE_DEVICES=$gpu compute-sanitizer "${tool_args[@]}" --report-api-errors no --error-exitcode 1 \
-    "$exe" --gtest_filter="$test" </dev/null >"$log" 2>&1 || rc=$?
-  echo "$rc" >"$log.rc"
+  local exe=$1 test=$2 gpu=$3 log=$4 limit=$5
+  local rc=0 begin=$SECONDS
+  local stop=()
+  ((limit > 0)) && stop=(timeout --kill-after=10 "$limit")
+  CUDA_VISIBLE_DEVICES=$gpu "${stop[@]}" compute-sanitizer "${tool_args[@]}" --report-api-errors no \
+    --error-exitcode 1 "$exe" --gtest_filter="$test" </dev/null >"$log" 2>&1 || rc=$?
+  echo "$test $rc $((SECONDS - begin))" >"$log.time"
 }
 
 status=0
@@ -64,11 +73,14 @@ for tool in "${tools[@]}"; do
       ;;
   esac
   tool_start=$SECONDS
-  jobs=()  # "exe<TAB>test"
+  jobs=() later=()  # "exe<TAB>test", the slow ones first
   for exe in "${exes[@]}"; do
     mkdir -p "$out/sanitize-$tool/$(basename "$exe")"
-    while IFS= read -r test; do jobs+=("$exe"$'\t'"$test"); done < <(list_tests "$exe")
+    while IFS= read -r test; do
+      if [[ "$test" =~ $first ]]; then jobs+=("$exe"$'\t'"$test"); else later+=("$exe"$'\t'"$test"); fi
+    done < <(list_tests "$exe")
   done
+  jobs+=("${later[@]}")
   echo "sanitize $tool: ${#jobs[@]} tests, $max_jobs at a time over $gpus GPU(s)"
   running=0 launched=0
   for job in "${jobs[@]}"; do
@@ -78,37 +90,50 @@ for tool in "${tools[@]}"; do
       running=$((running - 1))
     fi
     log="$out/sanitize-$tool/$(basename "$exe")/${test//\//_}.log"
-    run_one "$exe" "$test" $((launched % gpus)) "$log" &
+    limit=0
+    if ((deadline > 0)); then
+      limit=$((deadline - (SECONDS - tool_start)))
+      ((limit > 0)) || limit=1
+    fi
+    run_one "$exe" "$test" $((launched % gpus)) "$log" "$limit" &
     running=$((running + 1)) launched=$((launched + 1))
     if ((launched % 100 == 0)); then echo "sanitize $tool: $launched of ${#jobs[@]} started, $((SECONDS - tool_start)) s"; fi
   done
   wait
 
-  # Per executable: tests passed, tests failed (or stopped by the sanitizer), and the errors of
-  # each log's summary line, "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY: N hazards
-  # displayed (E errors, W warnings)" (racecheck).
+  # Per executable: tests passed, failed (or stopped by the sanitizer) and unfinished, and the
+  # errors of each log's summary line, "ERROR SUMMARY: N errors" (memcheck) or "RACECHECK SUMMARY:
+  # N hazards displayed (E errors, W warnings)" (racecheck). The per-test logs are then joined.
   for exe in "${exes[@]}"; do
     name=$(basename "$exe")
     dir="$out/sanitize-$tool/$name"
-    compgen -G "$dir/*.log" >/dev/null || continue
-    passed=$(cat "$dir"/*.log | grep -c '^\[       OK \]' || true)
-    skipped=$(cat "$dir"/*.log | grep -c '^\[  SKIPPED \] .*([0-9]* ms)$' || true)
-    failed=$(cat "$dir"/*.rc | grep -vc '^0$' || true)
-    errors=$(cat "$dir"/*.log | grep -E '(ERROR|RACECHECK) SUMMARY' |
+    compgen -G "$dir/*.log" >/dev/null || { rm -rf "$dir"; continue; }
+    log="$out/sanitize-$tool-$name.log" times="$out/sanitize-$tool-$name.times"
+    for f in "$dir"/*.log; do
+      echo "==== $(cut -d' ' -f1 "$f.time" 2>/dev/null || basename "$f")"
+      cat "$f"
+    done >"$log"
+    cat "$dir"/*.time | sort -k3,3nr >"$times"
+    rm -rf "$dir"
+    passed=$(grep -c '^\[       OK \]' "$log" || true)
+    skipped=$(grep -c '^\[  SKIPPED \] .*([0-9]* ms)$' "$log" || true)
+    unfinished=$(awk '$2 == 124 || $2 == 137' "$times" | wc -l)
+    failed=$(awk '$2 != 0 && $2 != 124 && $2 != 137' "$times" | wc -l)
+    errors=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" |
       sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{n += $1} END {print n + 0}')
     verdict=clean
-    if ((failed > 0 || errors > 0)); then
-      verdict="FAILED (logs: $dir)"
+    if ((failed > 0 || unfinished > 0 || errors > 0)); then
+      verdict="FAILED (log: $log)"
       status=1
     fi
-    echo "sanitize $tool: $name $verdict; $passed tests passed, $skipped skipped, $failed failed, $errors errors"
-    if ((failed > 0)); then
-      grep -l -v '^0$' "$dir"/*.rc | head -n 5 | sed 's/\.rc$//; s/^/  failed: /'
-    fi
+    echo "sanitize $tool: $name $verdict; $passed tests passed, $skipped skipped, $failed failed," \
+      "$unfinished unfinished, $errors errors; slowest: $(head -n 3 "$times" | awk '{printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $3}')"
+    awk '$2 != 0 { print "  " ($2 == 124 || $2 == 137 ? "unfinished" : "failed") ": " $1 }' "$times" | head -n 5
     if ((errors > 0)); then
-      grep -h -m 3 -E '^========= [A-Z]' "$dir"/*.log | grep -v SUMMARY | head -n 5 || true
+      grep -m 5 -E '^========= [A-Z]' "$log" | grep -v SUMMARY || true
     fi
   done
+  rmdir "$out/sanitize-$tool" 2>/dev/null || true
   echo "sanitize $tool: done in $((SECONDS - tool_start)) s"
 done
 exit "$status"
