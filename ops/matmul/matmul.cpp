@@ -9,6 +9,7 @@
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/elementwise/functors.h"
 #include "ops/map.h"
 #include "ops/matmul/matmul_kernels.h"
 #include "ops/reduction/reduction.h"
@@ -62,6 +63,23 @@ MatrixOperand make_operand(const Tensor& t, int64_t batch) {
   return op;
 }
 
+// out [batch, M, N] as the GEMM's row-major output operand.
+MatrixOperand output_operand(const Tensor& out) {
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2);
+  MatrixOperand c;
+  c.tensor = out;
+  c.rows = m;
+  c.cols = n;
+  c.order = Order::row_major;
+  c.ld = m == 1 ? n : out.stride(1);
+  c.batch_stride = batch == 1 ? 0 : out.stride(0);
+  MT_INTERNAL_ASSERT(
+      (out.stride(2) == 1 || n == 1) && c.ld >= n && (batch == 1 || c.batch_stride >= (m - 1) * c.ld + n),
+      "gemm: the output must be row-major and non-overlapping, got strides ", shape_str(out.strides()), " for ",
+      describe(out));
+  return c;
+}
+
 }  // namespace
 
 void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmArgs& args) {
@@ -93,13 +111,25 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
     Tensor target = args.a_row_sums;
     target.copy_(sum(raw::narrow(a, 0, 0, 1), {0, 2}));  // op(a) [1, M, K] -> [M]
   };
+  const Tensor& pre = args.gelu_pre_activation;
+  const bool with_gelu = pre.defined();
+  if (with_gelu) {
+    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && args.bias.defined() && !args.a_row_sums.defined() &&
+                           pre.shape() == out.shape() && pre.dtype() == out.dtype() && pre.device() == out.device() &&
+                           pre.is_contiguous(),
+                       "gemm: GELU pre-activation ", describe(pre), " for out ", describe(out), " with beta ",
+                       args.beta, (args.bias.defined() ? "" : " and no bias"));
+  }
+  // The GELU by the element-wise loop, from the pre-activation the GEMM wrote: on the CPU,
+  // and wherever the epilogue cannot serve. fn::GeluTanh is the formula gelu() runs too.
+  const auto apply_gelu = [&] { run_unary(out, pre, "gelu", fn::GeluTanh{}); };
   if (out.numel() == 0) {
     reduce_row_sums();
     return;
   }
-  if (k == 0) {  // an empty sum: out = beta * out (or the bias)
+  if (k == 0) {  // an empty sum: out = beta * out (or the bias, or the GELU of the bias)
     reduce_row_sums();
-    Tensor target = out;
+    Tensor target = with_gelu ? pre : out;
     if (args.bias.defined()) {
       target.copy_(raw::expand(args.bias, out.shape()));
     } else if (args.beta == 0.0) {
@@ -108,10 +138,21 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       NoGradGuard no_grad;
       target.copy_(mul(out, args.beta));
     }
+    if (with_gelu) apply_gelu();
     return;
   }
 
   GemmProblem p;
+  // The epilogue writes the pre-activation beside out when cuBLASLt's rules for it hold
+  // (ld a multiple of 8 elements, a 16-byte aligned matrix), in f16/bf16 only: cuBLASLt does
+  // not document how accurately its epilogue computes the GELU, and f32 is held to f32
+  // accuracy while f16/bf16 round far more coarsely. Otherwise the product and bias go to
+  // the pre-activation and the GELU is a second pass.
+  const bool fused_gelu = with_gelu && out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
+                          reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 == 0;
+  if (fused_gelu) p.gelu_pre_activation = pre;
+  // Where the product (and bias) is written: out, or the pre-activation when the GELU comes after.
+  const Tensor product_out = with_gelu && !fused_gelu ? pre : out;
   const bool row_sums = args.a_row_sums.defined();
   if (row_sums) {
     MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && args.a_row_sums.dim() == 1 &&
@@ -130,7 +171,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       const Tensor bias = raw::contiguous(args.bias);
       p.bias = reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0 ? bias : raw::clone(bias);
     } else {  // the CPU kernels accumulate onto a copy of the bias instead
-      Tensor target = out;
+      Tensor target = product_out;
       target.copy_(raw::expand(args.bias, out.shape()));
     }
   }
@@ -143,27 +184,30 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   p.beta = beta;
   p.a = make_operand(a, batch);
   p.b = make_operand(b, batch);
-  p.c.tensor = out;
-  p.c.rows = m;
-  p.c.cols = n;
-  p.c.order = Order::row_major;
-  p.c.ld = m == 1 ? n : out.stride(1);
-  p.c.batch_stride = batch == 1 ? 0 : out.stride(0);
-  MT_INTERNAL_ASSERT(
-      (out.stride(2) == 1 || n == 1) && p.c.ld >= n && (batch == 1 || p.c.batch_stride >= (m - 1) * p.c.ld + n),
-      "gemm: the output must be row-major and non-overlapping, got strides ", shape_str(out.strides()), " for ",
-      describe(out));
-  bool sums_written = false;
+  p.c = output_operand(product_out);
+  bool epilogue_ran = false;  // p's optional epilogue (the row sums or the GELU; never both) ran in the GEMM
   if (out.is_cuda()) {
 #if MT_WITH_CUDA
-    sums_written = gemm_cuda(p) && p.a_row_sums.defined();
+    if (gemm_cuda(p)) {
+      epilogue_ran = p.a_row_sums.defined() || p.gelu_pre_activation.defined();
+    } else {
+      // No algorithm with that epilogue: the plain GEMM (its bias still in the epilogue), then
+      // the epilogue's work below.
+      GemmProblem plain = p;
+      plain.a_row_sums = Tensor();
+      plain.gelu_pre_activation = Tensor();
+      if (with_gelu) plain.c = output_operand(pre);
+      const bool written = gemm_cuda(plain);
+      MT_INTERNAL_ASSERT(written, "gemm: a GEMM without an optional epilogue must always run");
+    }
 #else
     throw_no_cuda("matmul");
 #endif
   } else {
     gemm_cpu(p);
   }
-  if (row_sums && !sums_written) reduce_row_sums();
+  if (row_sums && !epilogue_ran) reduce_row_sums();
+  if (with_gelu && !epilogue_ran) apply_gelu();
 }
 
 }  // namespace ops
@@ -360,11 +404,14 @@ DType check_linear(const char* op, const Tensor& x, const Tensor& weight, const 
 }
 
 // y [1, P, out] = x [P, in] W^T + b, no recording; the bias in the GEMM's epilogue on CUDA.
+// With gelu_pre_activation [1, P, out] (and a bias), y = gelu_tanh(x W^T + b) and the
+// pre-activation x W^T + b is written there (GemmArgs::gelu_pre_activation).
 void linear_forward(const Tensor& out3, const Tensor& x, const Tensor& weight, const Tensor& bias, DType dtype,
-                    int64_t rows, int64_t in) {
+                    int64_t rows, int64_t in, const Tensor& gelu_pre_activation = Tensor()) {
   GemmArgs args;
   args.transpose_b = Transpose::yes;
   if (bias.defined()) args.bias = ops::as_dtype(bias, dtype);
+  args.gelu_pre_activation = gelu_pre_activation;
   ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
             args);
 }
@@ -403,6 +450,22 @@ int64_t leading_rows(const Tensor& x) { return shape_numel(Shape(x.shape().begin
 // A node's saved tensor i, or undefined when it was not saved (not needed).
 Tensor saved_or_none(const LambdaNode& node, size_t i) { return node.saved[i].defined() ? node.unpack(i) : Tensor(); }
 
+// What a node with inputs (x, weight, bias) saves first for linear's gradients: x is
+// read only for dW, W only for dx (saved slots 0 and 1, empty when not needed).
+void save_linear_inputs(LambdaNode& node, const Tensor& x, const Tensor& weight) {
+  node.saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
+  node.saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+}
+
+// The gradients of (x, weight, bias) from dy [P, out], for a node that saved its inputs
+// with save_linear_inputs: LinearBackward's body, and LinearGeluBackward's after the GELU.
+std::vector<Tensor> linear_input_grads(const Tensor& dy, const LambdaNode& self, int64_t in) {
+  LinearGrads grads = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
+                                      self.needs_input_grad(1), self.needs_input_grad(2), in);
+  if (grads.x.defined()) grads.x = grads.x.reshape(self.input_meta[0].shape);
+  return {grads.x, grads.weight, grads.bias};
+}
+
 Shape leading_dims_and(const Tensor& x, int64_t last) {
   Shape shape(x.shape().begin(), x.shape().end() - 1);
   shape.push_back(last);
@@ -423,17 +486,47 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   linear_forward(raw::view(out, {1, p, out_features}), x, weight, bias, dtype, p, in);
 
   if (autograd::needs_grad({x, weight, bias})) {
-    auto node = std::make_shared<LambdaNode>("LinearBackward", [p, in, out_features](const std::vector<Tensor>& g,
-                                                                                     const LambdaNode& self) {
-      const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
-      LinearGrads grads = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
-                                          self.needs_input_grad(1), self.needs_input_grad(2), in);
-      if (grads.x.defined()) grads.x = grads.x.reshape(self.input_meta[0].shape);
-      return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
-    });
-    // x is read only for dW, W only for dx.
-    node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+    auto node = std::make_shared<LambdaNode>(
+        "LinearBackward", [p, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
+          return linear_input_grads(raw::reshape(g[0], {p, out_features}), self, in);  // dy [P, out]
+        });
+    save_linear_inputs(*node, x, weight);
+    autograd::record(node, {x, weight, bias}, {out});
+  }
+  return out;
+}
+
+Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const std::vector<Tensor> cast = autocast::cast_inputs("linear_gelu", {x_in, weight_in, bias_in});
+  const Tensor& x = cast[0];
+  const Tensor& weight = cast[1];
+  const Tensor& bias = cast[2];
+  const DType dtype = check_linear("linear_gelu", x, weight, bias);
+  MT_CHECK(bias.defined(), "linear_gelu: the bias is an undefined tensor; it must be [", weight.size(0),
+           "] for weight ", shape_str(weight.shape()),
+           " (without a bias, use gelu(linear(x, weight), GeluApproximation::tanh))");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const int64_t p = leading_rows(x);
+  const TensorOptions options = TensorOptions().dtype(dtype).device(x.device());
+  Tensor out = empty(leading_dims_and(x, out_features), options);  // h [..., out]
+  const Tensor pre = empty({p, out_features}, options);            // x W^T + b, the GELU's input
+  // On CUDA in f16/bf16 one GEMM writes both (cuBLASLt's GELU_AUX_BIAS epilogue), applying the
+  // GELU to the f32 accumulator plus bias; gelu(linear(...)) rounds the pre-activation to the
+  // output dtype first and applies the GELU to that. The two differ by that one rounding, well
+  // within the op contract's bf16/f16 tolerances; everywhere else they are the same computation.
+  linear_forward(raw::view(out, {1, p, out_features}), x, weight, bias, dtype, p, in, raw::unsqueeze(pre, 0));
+
+  if (autograd::needs_grad({x, weight, bias})) {
+    auto node = std::make_shared<LambdaNode>(
+        "LinearGeluBackward", [p, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
+          // dpre = dh * gelu_tanh'(pre) in one element-wise pass, then linear's gradients with dpre as dy.
+          const Tensor dh = raw::reshape(g[0], {p, out_features});  // [P, out]
+          const Tensor dpre = empty(dh.shape(), ops::options_of(dh));
+          ops::run_binary(dpre, dh, ops::as_dtype(self.unpack(2), dh.dtype()), "linear_gelu", fn::GeluTanhGrad{});
+          return linear_input_grads(dpre, self, in);
+        });
+    save_linear_inputs(*node, x, weight);
+    node->saved.emplace_back(pre);  // every gradient goes through the GELU's derivative at pre
     autograd::record(node, {x, weight, bias}, {out});
   }
   return out;

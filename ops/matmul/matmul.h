@@ -1,4 +1,4 @@
-// Matrix products: matmul (NumPy/PyTorch semantics), bmm and linear.
+// Matrix products: matmul (NumPy/PyTorch semantics), bmm, linear, linear_gelu and lora_linear.
 //
 // Layout: row-major, the last two dimensions are the matrix, the leading ones
 // are batch dimensions. Mixed floating dtypes promote (promote_types) as the
@@ -32,6 +32,18 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // Gradients: dx = dy W, dW = dy^T x and db = sum of dy over the leading dims,
 // with the leading dims of x and dy flattened into one.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// h = gelu_tanh(x W^T + b): linear and the GELU (tanh form, as gelu(..., tanh)) as one op,
+// the first layer of a transformer MLP. Shapes as linear's; the bias is required.
+// On CUDA in f16/bf16 it is one cuBLASLt GEMM whose epilogue adds the bias, applies the
+// GELU and writes the pre-activation x W^T + b beside h; elsewhere (the CPU, f32, f64,
+// an output width that is not a multiple of 8) the GEMM writes the pre-activation and
+// the GELU is a second pass, exactly gelu(linear(x, weight, bias)). The epilogue applies
+// the GELU before rounding the pre-activation to the output dtype, so there the two agree
+// to that dtype's rounding.
+// Gradients: dpre = dh gelu_tanh'(pre) (the pre-activation is saved, not h), then
+// linear's gradients with dpre for dy. Autocast treats it as linear.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // A linear layer with a LoRA adapter, y = x W^T + b + scale * (h A^T) B^T, in three GEMMs:
 // the base (bias in its epilogue), t = h A^T, and t B^T added onto y by the third GEMM

@@ -157,7 +157,7 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
-// strides, alignments).
+// strides, alignments, the epilogue and its vectors' and matrix's alignments).
 using AlgoKey = std::array<int64_t, 22>;
 
 struct AlgoChoice {
@@ -180,7 +180,8 @@ std::string describe_problem(const GemmProblem& p) {
                          dtype_name(p.c.tensor.dtype()), " on ", p.c.tensor.device().str());
 }
 
-// Returns false when the row-sum epilogue was asked for and no algorithm has it.
+// Returns false, having run nothing, when an optional epilogue (the row sums, or the GELU
+// with its pre-activation) was asked for and no algorithm has it.
 template <typename T>
 bool gemm_typed(const GemmProblem& p) {
   constexpr bool f64 = std::is_same_v<T, double>;
@@ -217,17 +218,42 @@ bool gemm_typed(const GemmProblem& p) {
   // for each of its n columns: the BGRADB epilogue (a bias gradient beside dW = dy^T x).
   const bool with_row_sums = p.a_row_sums.defined();
   MT_INTERNAL_ASSERT(!(with_bias && with_row_sums), "matmul: a bias and row sums together");
-  if (with_bias || with_row_sums) {
-    // Both epilogues take their vector through the bias attributes, in C's dtype.
-    const cublasLtEpilogue_t epilogue = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
-    const void* vector = with_bias ? p.bias.data_ptr() : p.a_row_sums.data_ptr();
-    const cudaDataType_t vector_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
+  // The GELU's input matrix, our row-major [M, N], is cuBLASLt's column-major [N, M] with
+  // ld N, like C^T: GELU_AUX_BIAS writes it (the f32 accumulator plus bias, rounded to C's
+  // dtype, the aux type's default) and GELU(it) to C. Its ld must be a multiple of 8 and
+  // at least cuBLASLt's row count N (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
+  // gemm() hands us only such matrices, 16-byte aligned, in f16/bf16, with a bias.
+  // cuBLASLt's GELU is the tanh form (GPT-2's, fn::GeluTanh); the op contract's CUDA cases
+  // for linear_gelu compare the two.
+  const bool with_gelu = p.gelu_pre_activation.defined();
+  const int64_t aux_ld = p.n;
+  MT_INTERNAL_ASSERT(!with_gelu || (with_bias && !with_row_sums && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
+                                    alignment_of(p.gelu_pre_activation.data_ptr()) >= 16),
+                     "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
+                     ") for ", describe_problem(p));
+  const cublasLtEpilogue_t epilogue = with_gelu       ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                      : with_bias     ? CUBLASLT_EPILOGUE_BIAS
+                                      : with_row_sums ? CUBLASLT_EPILOGUE_BGRADB
+                                                      : CUBLASLT_EPILOGUE_DEFAULT;
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  }
+  if (with_bias || with_row_sums) {
+    // Every epilogue here takes its vector through the bias attributes, in C's dtype.
+    const void* vector = with_bias ? p.bias.data_ptr() : p.a_row_sums.data_ptr();
+    const cudaDataType_t vector_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vector_type,
                                                    sizeof(vector_type)));
+  }
+  if (with_gelu) {
+    void* aux = p.gelu_pre_activation.data_ptr();
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
   }
   const Layout layout_a = make_layout(type, lt_a, batch);
   const Layout layout_b = make_layout(type, lt_b, batch);
@@ -254,9 +280,9 @@ bool gemm_typed(const GemmProblem& p) {
                        lt_c.alignment,
                        static_cast<int64_t>(compute),
                        static_cast<int64_t>(c_type),
-                       with_bias ? 1 : 0,
+                       static_cast<int64_t>(epilogue),
                        with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
-                       with_row_sums ? 1 : 0};
+                       with_gelu ? static_cast<int64_t>(alignment_of(p.gelu_pre_activation.data_ptr())) : 0};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -290,12 +316,13 @@ bool gemm_typed(const GemmProblem& p) {
                                                                  /*requestedAlgoCount=*/1, &result, &found);
     // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
     // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
-    if (with_row_sums && status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    const bool optional_epilogue = with_row_sums || with_gelu;
+    if (optional_epilogue && status == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;
     } else {
       MT_CUBLAS_CHECK(status);
     }
-    MT_CHECK(found > 0 || with_row_sums, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
+    MT_CHECK(found > 0 || optional_epilogue, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
     choice = AlgoChoice{result.algo, result.workspaceSize, found > 0};
     std::lock_guard<std::mutex> lock(algo_mutex());
     algo_cache().emplace(key, choice);
@@ -319,12 +346,7 @@ bool gemm_cuda(const GemmProblem& p) {
   bool done = true;
   dispatch_floating(p.a.tensor.dtype(), "matmul",
                     [&](auto tag) { done = gemm_typed<typename decltype(tag)::type>(p); });
-  if (done) return true;
-  // No algorithm with the row-sum epilogue: the product alone (the caller reduces).
-  GemmProblem plain = p;
-  plain.a_row_sums = Tensor();
-  dispatch_floating(p.a.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(plain); });
-  return false;
+  return done;
 }
 
 }  // namespace mt::ops

@@ -34,6 +34,15 @@ struct GemmArgs {
   // gradient beside its weight gradient; on CUDA cuBLASLt's BGRADB epilogue forms it
   // while it reads dy for the GEMM, instead of a second pass over dy.
   Tensor a_row_sums;
+  // [batch, M, N] in out's dtype, contiguous: when defined, out = gelu_tanh(product + bias)
+  // and this is written with product + bias, the GELU's input, which its backward reads
+  // (batch 1, beta 0, a bias, no row sums). On CUDA in f16/bf16 it is cuBLASLt's
+  // GELU_AUX_BIAS epilogue: one GEMM writes both, with no separate pass for the GELU.
+  // Elsewhere (the CPU, f32, f64, a shape the epilogue cannot serve) the product and bias
+  // are written here and out = gelu_tanh(this) by the element-wise loop: the same formula
+  // (fn::GeluTanh), so the two agree up to when the pre-activation is rounded (the epilogue
+  // applies the GELU to the f32 accumulator plus bias, the loop to the rounded pre-activation).
+  Tensor gelu_pre_activation;
 };
 
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
@@ -67,11 +76,16 @@ struct GemmProblem {
   double alpha = 1.0, beta = 0.0;
   Tensor bias;        // CUDA only: [n], c's dtype, contiguous; undefined for none
   Tensor a_row_sums;  // CUDA only: [m], c's dtype, contiguous, 16-byte aligned; undefined for none
+  // CUDA only, f16/bf16, batch 1, with a bias: [m, n] in c's dtype, row-major with ld = n,
+  // n a multiple of 8 and 16-byte aligned (cuBLASLt's rule for the GELU input matrix); c is
+  // then written with gelu_tanh(a b + bias) and this with a b + bias. Undefined for none.
+  Tensor gelu_pre_activation;
 };
 
 void gemm_cpu(const GemmProblem& p);
-// Returns false when a_row_sums was asked for and cuBLASLt has no algorithm with that
-// epilogue for this problem: the product is then written and the sums are not.
+// Returns false, having written nothing, when an optional epilogue (a_row_sums or
+// gelu_pre_activation) was asked for and cuBLASLt has no algorithm with it for this
+// problem; gemm() then runs the plain GEMM and does the epilogue's work itself.
 bool gemm_cuda(const GemmProblem& p);
 
 }  // namespace mt::ops

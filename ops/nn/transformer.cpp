@@ -1,9 +1,12 @@
 #include "ops/nn/transformer.h"
 
+#include <typeinfo>
+
 #include "autograd/checkpoint.h"
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/matmul/matmul.h"
 #include "ops/shape/join.h"
 #include "ops/shape/shape.h"
 
@@ -14,10 +17,14 @@ MLP::MLP(const TransformerShape& shape, Generator* generator) : dropout(shape.dr
   register_module("c_proj", c_proj, std::make_shared<Linear>(LinearOptions(shape.n_inner, shape.n_embd), generator));
 }
 
-Tensor MLP::forward(const Tensor& x) const {
-  const Tensor hidden = gelu(c_fc->forward(x), GeluApproximation::tanh);  // [B, T, n_inner]
-  return mt::dropout(c_proj->forward(hidden), dropout, is_training());
+Tensor MLP::hidden(const Tensor& x) const {
+  // Only a Linear itself: a subclass in c_fc's place (LoRALinear) computes its own forward.
+  const Linear& fc = *c_fc;
+  if (typeid(fc) == typeid(Linear) && fc.bias.defined()) return linear_gelu(x, fc.weight, fc.bias);
+  return gelu(fc.forward(x), GeluApproximation::tanh);
 }
+
+Tensor MLP::forward(const Tensor& x) const { return mt::dropout(c_proj->forward(hidden(x)), dropout, is_training()); }
 
 CausalSelfAttention::CausalSelfAttention(const TransformerShape& shape, Generator* generator)
     : n_head(shape.n_head), dropout(shape.dropout) {
@@ -74,7 +81,7 @@ Tensor Block::forward_checkpointed(const Tensor& x) const {
   const std::vector<Tensor> kept = checkpoint(
       [ln_1 = ln_1, attn = attn, ln_2 = ln_2, mlp = mlp](const std::vector<Tensor>& in) {
         const Tensor h = add(in[0], attn->forward(ln_1->forward(in[0])));
-        return std::vector<Tensor>{h, gelu(mlp->c_fc->forward(ln_2->forward(h)), GeluApproximation::tanh)};
+        return std::vector<Tensor>{h, mlp->hidden(ln_2->forward(h))};
       },
       {x});
   return add(kept[0], mt::dropout(mlp->c_proj->forward(kept[1]), mlp->dropout, mlp->is_training()));

@@ -33,8 +33,12 @@ class MLP : public Module {
  public:
   MLP(const TransformerShape& shape, Generator* generator);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
-  std::shared_ptr<Linear> c_fc;           // [n_inner, C]
-  std::shared_ptr<Linear> c_proj;         // [C, n_inner]
+  // gelu_tanh(c_fc(x)) [B, T, n_inner]: one linear_gelu when c_fc is a plain Linear with a
+  // bias (on CUDA one GEMM, the GELU in its epilogue); otherwise (a LoRALinear in its place,
+  // no bias) c_fc's own forward, then gelu.
+  Tensor hidden(const Tensor& x) const;
+  std::shared_ptr<Linear> c_fc;    // [n_inner, C]
+  std::shared_ptr<Linear> c_proj;  // [C, n_inner]
   double dropout;
 };
 

@@ -71,7 +71,8 @@ TEST(Autocast, GradientOfACastInputComesBackInItsDtype) {
 }
 
 TEST(Autocast, PolicyTableNamesEveryRequiredOp) {
-  const char* lower[] = {"matmul", "bmm", "linear", "lora_linear", "conv2d", "scaled_dot_product_attention"};
+  const char* lower[] = {
+      "matmul", "bmm", "linear", "linear_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
   const char* fp32[] = {"exp",     "log",         "pow",           "rsqrt", "softplus", "layer_norm", "rms_norm",
                         "softmax", "log_softmax", "cross_entropy", "sum",   "mean",     "var"};
   const char* promote[] = {"add", "sub", "mul", "div", "cat", "where"};
@@ -107,6 +108,11 @@ std::vector<PolicyRow> policy_rows() {
       {"linear",
        [=](DType) {
          return linear(f32({2, 3}), f32({4, 3}), f32({4}));
+       },
+       true},
+      {"linear_gelu",
+       [=](DType) {
+         return linear_gelu(f32({2, 3}), f32({4, 3}), f32({4}));
        },
        true},
       {"lora_linear",

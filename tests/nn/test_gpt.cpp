@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "autograd/node.h"
 #include "core/safetensors.h"
 #include "core/view.h"
 #include "ops/backends.h"
@@ -303,6 +304,86 @@ TEST(GPT, CheckpointingWithFrozenProjectionsGivesBitIdenticalLoraGradients) {
       EXPECT_EQ(gradients_with(GPTCheckpointing::parse(mode), kCPU, targets), plain)
           << mode << " with " << targets.size() << " target(s)";
     }
+  }
+}
+
+// A Linear by another type: MLP::hidden runs its forward and then gelu (the unfused ops),
+// as it does for a LoRALinear in c_fc's place.
+class SubclassedLinear : public Linear {
+ public:
+  using Linear::Linear;
+};
+
+TEST(MLP, HiddenIsOneLinearGeluOnlyForAPlainLinearWithABias) {
+  Generator g(50);
+  MLP mlp(TransformerShape{8, 2, 32, 0.0, 1e-5}, &g);
+  const Tensor x = randn({2, 3, 8}, {}, &g);
+  const Tensor fused = mlp.hidden(x);
+  EXPECT_EQ(fused.grad_fn()->name(), "LinearGeluBackward");
+  const Tensor unfused = gelu(linear(x, mlp.c_fc->weight, mlp.c_fc->bias), GeluApproximation::tanh);
+  EXPECT_EQ(values(fused), values(unfused));  // on the CPU, the same GEMM and loops
+
+  mlp.replace_module("c_fc", std::make_shared<SubclassedLinear>(mlp.c_fc->weight, mlp.c_fc->bias));
+  EXPECT_EQ(mlp.hidden(x).grad_fn()->name(), "geluBackward");
+  EXPECT_EQ(values(mlp.hidden(x)), values(unfused));
+
+  mlp.replace_module("c_fc", std::make_shared<Linear>(mlp.c_fc->weight, Tensor()));
+  EXPECT_EQ(mlp.hidden(x).grad_fn()->name(), "geluBackward");
+
+  // A LoRALinear in c_fc's place: its own forward (base and adapter), then gelu.
+  MLP adapted(TransformerShape{8, 2, 32, 0.0, 1e-5}, &g);
+  LoRAOptions lora;
+  lora.r = 2;
+  lora.target_modules = {"c_fc"};
+  ASSERT_EQ(apply_lora(adapted, lora, &g).size(), 1u);
+  EXPECT_EQ(adapted.hidden(x).grad_fn()->name(), "geluBackward");
+  EXPECT_EQ(values(adapted.hidden(x)), values(gelu(adapted.c_fc->forward(x), GeluApproximation::tanh)));
+}
+
+// Loss and gradients of a training step (dropout on) with the MLPs' first layer a plain Linear
+// (one linear_gelu) or a SubclassedLinear (linear, then gelu); with lora_targets, LoRA on them.
+std::vector<std::vector<double>> mlp_step(bool fused, const GPTCheckpointing& checkpointing,
+                                          const std::vector<std::string>& lora_targets = {}) {
+  GPTConfig c = tiny_config();
+  c.dropout = 0.1;
+  Generator g(40);
+  GPT model(c, &g);
+  if (!fused) {
+    for (const auto& block : model.transformer->blocks) {
+      const std::shared_ptr<MLP> mlp = block->mlp;
+      mlp->replace_module("c_fc", std::make_shared<SubclassedLinear>(mlp->c_fc->weight, mlp->c_fc->bias));
+    }
+  }
+  if (!lora_targets.empty()) {
+    LoRAOptions lora;
+    lora.r = 2;
+    lora.target_modules = lora_targets;
+    apply_lora(model, lora, &g);
+  }
+  model.set_checkpointing(checkpointing);
+  manual_seed(78);  // the dropout masks
+  const Tensor ids = random_ids(2, 16, c.vocab_size, 42);
+  const Tensor loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
+  loss.backward();
+  std::vector<std::vector<double>> out = {{loss.item()}};
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad()) out.push_back(values(p.grad()));
+  }
+  return out;
+}
+
+// On the CPU the fused MLP computes exactly what linear then gelu did: the same loss and
+// gradients bit for bit, without checkpointing, with whole blocks or the attention core
+// recomputed, and with a frozen MLP (LoRA on c_attn only), whose checkpointed blocks
+// recompute ln_1 .. the GELU and keep the MLP's projection outside the segment.
+TEST(GPT, FusedMlpGivesTheUnfusedLossAndGradients) {
+  for (const char* mode : {"off", "blocks", "selective"}) {
+    const GPTCheckpointing checkpointing = GPTCheckpointing::parse(mode);
+    const auto fused = mlp_step(/*fused=*/true, checkpointing);
+    ASSERT_EQ(fused.size(), static_cast<size_t>(1 + tiny_config().n_layer * 12 + 4))
+        << "the loss and every parameter's gradient";
+    EXPECT_EQ(fused, mlp_step(/*fused=*/false, checkpointing)) << mode;
+    EXPECT_EQ(mlp_step(true, checkpointing, {"c_attn"}), mlp_step(false, checkpointing, {"c_attn"})) << mode;
   }
 }
 

@@ -1,12 +1,15 @@
-// Op-contract cases for matmul, bmm and linear, plus what the contract does not
+// Op-contract cases for matmul, bmm, linear and linear_gelu, plus what the contract does not
 // cover: values against a naive triple loop, non-contiguous and misaligned
 // operands, the GEMM entry point's alpha/beta, error messages, which inputs get
 // (and which inputs are saved for) gradients, and f64 / streams on CUDA.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "autograd/node.h"
 #include "core/random.h"
 #include "core/view.h"
 #include "ops/matmul/matmul.h"
@@ -82,6 +85,25 @@ MT_OP_CASE(OpCase("linear", "linear_bias_epilogue_sized")
 MT_OP_CASE(OpCase("linear", "linear_1d_input").inputs({{4}, {3, 4}, {3}}).compute([](const In& x) {
   return linear(x[0], x[1], x[2]);
 }));
+
+// ---- linear_gelu: h = gelu_tanh(x W^T + b) ----
+// 16 output columns: on CUDA in f16/bf16, one GEMM with the GELU_AUX_BIAS epilogue.
+MT_OP_CASE(OpCase("linear_gelu", "linear_gelu_bias").inputs({{3, 8}, {16, 8}, {16}}).compute([](const In& x) {
+  return linear_gelu(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(OpCase("linear_gelu", "linear_gelu_3d_input").inputs({{2, 3, 4}, {8, 4}, {8}}).compute([](const In& x) {
+  return linear_gelu(x[0], x[1], x[2]);
+}));
+// 5 output columns: the pre-activation's leading dimension is not a multiple of 8, which
+// cuBLASLt's epilogue requires, so on CUDA the GEMM writes it and the GELU is a second pass.
+MT_OP_CASE(OpCase("linear_gelu", "linear_gelu_columns_not_multiple_of_8")
+               .inputs({{3, 4}, {5, 4}, {5}})
+               .compute([](const In& x) { return linear_gelu(x[0], x[1], x[2]); }));
+// Tile-sized (a GPT MLP's 4x widening): the epilogue over several tiles of 256 rows by 96 columns.
+MT_OP_CASE(OpCase("linear_gelu", "linear_gelu_epilogue_sized")
+               .inputs({{4, 64, 24}, {96, 24}, {96}})
+               .compute([](const In& x) { return linear_gelu(x[0], x[1], x[2]); })
+               .no_gradcheck("linear_gelu_bias checks the same formulas in f64; this case sizes the CUDA epilogue"));
 
 // ---- lora_linear: y = x W^T + b + scale (h A^T) B^T ----
 MT_OP_CASE(OpCase("lora_linear", "lora_linear_separate_adapter_input")
@@ -242,6 +264,67 @@ TEST(Linear, EmptyBatchGivesZeroWeightGradient) {
   EXPECT_EQ(b.grad().to_vector<double>(), std::vector<double>(3, 0.0));
 }
 
+// Off the CUDA epilogue, linear_gelu is gelu(linear(...)) computed the same way: equal
+// values and gradients, in every dtype.
+TEST(LinearGelu, EqualsGeluOfLinearWithGradients) {
+  const Tensor x0 = random({2, 3, 4}, DType::f64, 1), w0 = random({5, 4}, DType::f64, 2),
+               b0 = random({5}, DType::f64, 3), dh = random({2, 3, 5}, DType::f64, 4);
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    std::vector<std::vector<double>> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      // Fresh leaves each run (raw::to to the same dtype returns the tensor itself).
+      Tensor x = raw::clone(raw::to(x0, dtype)).requires_grad_(), w = raw::clone(raw::to(w0, dtype)).requires_grad_(),
+             b = raw::clone(raw::to(b0, dtype)).requires_grad_();
+      const Tensor h = fused ? linear_gelu(x, w, b) : gelu(linear(x, w, b), GeluApproximation::tanh);
+      ASSERT_EQ(h.shape(), (Shape{2, 3, 5}));
+      ASSERT_EQ(h.dtype(), dtype);
+      EXPECT_EQ(h.grad_fn()->name(), fused ? "LinearGeluBackward" : "geluBackward");
+      h.backward(raw::to(dh, dtype));
+      results[fused] = {h.to_vector<double>(), x.grad().to_vector<double>(), w.grad().to_vector<double>(),
+                        b.grad().to_vector<double>()};
+    }
+    // Bit for bit: on the CPU the two run the very same GEMM and element-wise loops.
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[1][i], results[0][i]) << dtype_name(dtype) << ": h, dx, dW, db [" << i << "]";
+    }
+  }
+}
+
+// No inner dimension: h = gelu(b) for every row. No rows: an empty h and zero dW, db.
+TEST(LinearGelu, EmptyInnerDimensionAndEmptyBatch) {
+  const Tensor b = random({3}, DType::f64, 1);
+  const Tensor h = linear_gelu(zeros({2, 0}, DType::f64), zeros({3, 0}, DType::f64), b);
+  expect_close(h.to_vector<double>(),
+               gelu(raw::expand(raw::unsqueeze(b, 0), {2, 3}), GeluApproximation::tanh).to_vector<double>(), 1e-15);
+  Tensor x = zeros({0, 4}, DType::f64).requires_grad_();
+  Tensor w = random({3, 4}).requires_grad_();
+  Tensor bias = random({3}).requires_grad_();
+  const Tensor y = linear_gelu(x, w, bias);
+  EXPECT_EQ(y.shape(), (Shape{0, 3}));
+  sum(y).backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(12, 0.0));
+  EXPECT_EQ(bias.grad().to_vector<double>(), std::vector<double>(3, 0.0));
+}
+
+// As linear: x is saved only for dW and W only for dx (the pre-activation always).
+TEST(LinearGelu, SavesOnlyWhatTheRequestedGradientsRead) {
+  Tensor x = random({3, 4}, DType::f64, 1).requires_grad_();
+  const Tensor w = random({2, 4}, DType::f64, 2), b = random({2}, DType::f64, 3);
+  const Tensor want = [&] {
+    Tensor xc = raw::clone(x).requires_grad_();
+    sum(linear_gelu(xc, w, b)).backward();
+    return xc.grad();
+  }();
+  const Tensor y = linear_gelu(x, w, b);
+  x.fill_(7.0);  // x was not saved: W needs no gradient
+  sum(y).backward();
+  expect_close(x.grad().to_vector<double>(), want.to_vector<double>(), 1e-15);
+  Tensor w2 = raw::clone(w);
+  const Tensor y2 = linear_gelu(random({3, 4}, DType::f64, 4).requires_grad_(), w2, b);
+  w2.fill_(7.0);  // W was saved for dx
+  EXPECT_THROW(sum(y2).backward(), Error);
+}
+
 // ---- the GEMM entry point ----
 
 TEST(Gemm, AlphaBetaAndTransposeFlags) {
@@ -306,10 +389,35 @@ TEST(Matmul, ErrorsNameTheOpAndBothShapes) {
   EXPECT_THROW(matmul(ones({2, 2}, DType::i64), ones({2, 2})), DTypeError);
 }
 
+TEST(LinearGelu, ErrorsNameTheOpTheShapesAndTheDtypes) {
+  expect_contains(message_of([] {
+                    linear_gelu(ones({2, 5}), ones({3, 4}), ones({3}));
+                  }),
+                  {"linear_gelu: input [2, 5] and weight [3, 4] cannot be multiplied (in features: 5 != 4)"});
+  expect_contains(message_of([] {
+                    linear_gelu(ones({2, 4}), ones({3, 4}), ones({4}));
+                  }),
+                  {"linear_gelu: bias must have shape [3] to match weight [3, 4], got [4]"});
+  expect_contains(message_of([] {
+                    linear_gelu(ones({2, 4}), ones({4}), ones({4}));
+                  }),
+                  {"linear_gelu", "weight", "[4]"});
+  expect_contains(error_message_of([] {
+                    linear_gelu(ones({2, 4}), ones({3, 4}), Tensor());
+                  }),
+                  {"linear_gelu", "bias", "[3]", "[3, 4]"});
+  const std::string dtype_msg = error_message_of([] {
+    linear_gelu(ones({2, 4}, DType::i64), ones({3, 4}), ones({3}));
+  });
+  expect_contains(dtype_msg, {"linear_gelu", "i64[2, 4]"});
+  EXPECT_THROW(linear_gelu(ones({2, 4}), ones({3, 4}, DType::i32), ones({3})), DTypeError);
+}
+
 TEST(Matmul, DifferentDevicesAreAnError) {
   MT_SKIP_WITHOUT_CUDA();
   EXPECT_THROW(matmul(ones({2, 2}), ones({2, 2}, cuda_device(0))), DeviceError);
   EXPECT_THROW(linear(ones({2, 2}), ones({2, 2}), ones({2}, cuda_device(0))), DeviceError);
+  EXPECT_THROW(linear_gelu(ones({2, 2}), ones({2, 2}), ones({2}, cuda_device(0))), DeviceError);
 }
 
 // ---- gradients ----
@@ -424,6 +532,99 @@ TEST(MatmulCuda, RunsOnTheCurrentStream) {
   const Tensor got = matmul(ag, bg);
   side.synchronize();
   expect_close(got.to_vector<double>(), want.to_vector<double>(), 1e-5);
+}
+
+// gemm() with a GELU pre-activation on the GPU, through each of its paths: the epilogue
+// (96 columns), the second pass when the leading dimension breaks cuBLASLt's rule (5
+// columns) or the pre-activation is not 16-byte aligned, and f32 (never the epilogue).
+// Both outputs are checked: backward reads the pre-activation.
+TEST(LinearGeluCuda, EveryPathWritesThePreActivationAndItsGelu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  struct Path {
+    const char* what;
+    DType dtype;
+    int64_t n;
+    bool misaligned;
+  };
+  for (const Path& path :
+       {Path{"epilogue", DType::bf16, 96, false}, Path{"epilogue", DType::f16, 96, false},
+        Path{"ld not a multiple of 8", DType::bf16, 5, false}, Path{"misaligned pre-activation", DType::bf16, 96, true},
+        Path{"f32", DType::f32, 96, false}}) {
+    SCOPED_TRACE(path.what);
+    const int64_t m = 64, k = 32, n = path.n;
+    const Tensor x = raw::to(random({1, m, k}, DType::f64, 1), path.dtype);
+    const Tensor w = raw::to(random({1, n, k}, DType::f64, 2), path.dtype);
+    const Tensor b = raw::to(random({n}, DType::f64, 3), path.dtype);
+    const TensorOptions options = TensorOptions().dtype(path.dtype).device(gpu);
+    const Tensor out = empty({1, m, n}, options);
+    // One element in: contiguous, 2-byte aligned.
+    const Tensor pre = path.misaligned ? raw::view(raw::narrow(empty({m * n + 1}, options), 0, 1, m * n), {1, m, n})
+                                       : empty({1, m, n}, options);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 != 0, path.misaligned);
+    ops::GemmArgs args;
+    args.transpose_b = ops::Transpose::yes;
+    args.bias = raw::to(b, gpu);
+    args.gelu_pre_activation = pre;
+    ops::gemm(out, raw::to(x, gpu), raw::to(w, gpu), args);
+    // The reference from the same rounded inputs, in f64.
+    const Tensor want_pre =
+        linear(raw::to(x, DType::f64), raw::to(raw::squeeze(w, 0), DType::f64), raw::to(b, DType::f64));
+    const double tol = path.dtype == DType::f32 ? 1e-5 : path.dtype == DType::f16 ? 2e-3 : 1e-2;
+    expect_close(pre.to_vector<double>(), want_pre.to_vector<double>(), tol);
+    expect_close(out.to_vector<double>(), gelu(want_pre, GeluApproximation::tanh).to_vector<double>(), tol);
+  }
+}
+
+// Which GELU the epilogue computes, and how closely, asked of gemm_cuda directly in f32
+// (gemm() keeps f32 off the epilogue). W = I and b = 0, so the pre-activation is x itself,
+// spread over [-5, 5]. The backward differentiates fn::GeluTanh, so the epilogue must be
+// nearer the tanh form than the erf form; the two differ by 2.2e-4 RMS over that range, far
+// more than f32 rounding, and the printed errors show how accurate cuBLASLt's GELU is.
+TEST(LinearGeluCuda, TheEpilogueComputesTheTanhFormOfGelu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  const int64_t m = 64, n = 96;
+  std::vector<double> xs(static_cast<size_t>(m * n)), identity(static_cast<size_t>(n * n), 0.0);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = -5.0 + 10.0 * static_cast<double>(i) / static_cast<double>(m * n - 1);
+  for (int64_t i = 0; i < n; ++i) identity[static_cast<size_t>(i * n + i)] = 1.0;
+  const TensorOptions f32 = TensorOptions().dtype(DType::f32).device(gpu);
+  const Tensor x = raw::to(from_vector(xs, {1, m, n}, DType::f32), gpu);
+  const auto operand = [](const Tensor& t) {
+    ops::MatrixOperand op;
+    op.tensor = t;
+    op.rows = t.size(1);
+    op.cols = t.size(2);
+    op.ld = t.size(2);
+    return op;
+  };
+  ops::GemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = n;
+  p.a = operand(x);
+  p.b = operand(raw::to(from_vector(identity, {1, n, n}, DType::f32), gpu));
+  p.c = operand(empty({1, m, n}, f32));
+  p.bias = zeros({n}, f32);
+  p.gelu_pre_activation = empty({1, m, n}, f32);
+  if (!ops::gemm_cuda(p)) GTEST_SKIP() << "cuBLASLt has no f32 GELU_AUX_BIAS algorithm for this problem";
+  const std::vector<double> pre = p.gelu_pre_activation.to_vector<double>(), out = p.c.tensor.to_vector<double>();
+  const std::vector<double> x32 = x.to_vector<double>();
+  EXPECT_EQ(pre, x32);  // x I + 0, exactly
+  double tanh_sq = 0, erf_sq = 0, tanh_max = 0;
+  for (size_t i = 0; i < x32.size(); ++i) {
+    const double v = x32[i];
+    const double by_tanh = 0.5 * v * (1 + std::tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
+    const double by_erf = 0.5 * v * (1 + std::erf(v * 0.70710678118654752440));
+    tanh_sq += (out[i] - by_tanh) * (out[i] - by_tanh);
+    erf_sq += (out[i] - by_erf) * (out[i] - by_erf);
+    tanh_max = std::max(tanh_max, std::fabs(out[i] - by_tanh));
+  }
+  const double count = static_cast<double>(x32.size());
+  std::printf("[ gelu epilogue ] f32 over [-5, 5]: RMS error %.2e against the tanh form (max %.2e), %.2e against erf\n",
+              std::sqrt(tanh_sq / count), tanh_max, std::sqrt(erf_sq / count));
+  EXPECT_LT(tanh_sq, erf_sq) << "cuBLASLt's GELU is nearer the erf form than the tanh form linear_gelu differentiates";
+  EXPECT_LT(tanh_max, 2e-3);
 }
 
 }  // namespace

@@ -184,7 +184,7 @@ TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
                                              "dropout",       "where",      "masked_fill", "cat",
                                              "stack",         "split",      "sdpa",        "linear_cross_entropy",
                                              "sdpa_causal",   "conv2d",     "max_pool2d",  "avg_pool2d",
-                                             "lora_linear"};
+                                             "lora_linear",   "linear_gelu"};
   std::set<std::string> covered;
   size_t gradchecked = 0;
   for (const OpCase& c : op_cases()) {
