@@ -23,7 +23,14 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--full", action="store_true", help="full training, eager and torch.compile, instead of LoRA")
+    p.add_argument("--modes", default=None,
+                   help="comma list of the modes to run (full: eager,compile; LoRA: off,blocks); default all")
     args = p.parse_args()
+    all_modes = ("eager", "compile") if args.full else ("off", "blocks")
+    modes = all_modes if args.modes is None else tuple(m for m in args.modes.split(",") if m)
+    for m in modes:
+        if m not in all_modes:
+            p.error(f"--modes: unknown mode '{m}' for {'--full' if args.full else 'LoRA'} (known: {','.join(all_modes)})")
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=50304, n_positions=args.seq_len, n_embd=768, n_layer=12, n_head=12,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
@@ -33,7 +40,7 @@ def main():
     what = "full training" if args.full else "PEFT LoRA r=8 on c_attn"
     print(f"torch {torch.__version__}; GPT-2 124M shape, B={args.batch} T={args.seq_len}, bf16 autocast, {what}")
     print(f"{'mode':<10} {'peak GiB':>10} {'step ms':>10} {'tokens/s':>12}")
-    for mode in ("eager", "compile") if args.full else ("off", "blocks"):
+    for mode in modes:
         model = GPT2LMHeadModel(config).cuda()
         if mode == "blocks":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
