@@ -249,6 +249,18 @@ TEST(GPT, LoraMergeAndUnloadGivesAPlainModelWithTheAdaptersEffect) {
   EXPECT_LE(worst, 1e-5 * scale);  // f32: the merged weight is rounded once
 }
 
+// The next-token loss on ids [B, T] and, after its backward, every trainable parameter's gradient.
+std::vector<std::vector<double>> loss_and_gradients(const GPT& model, const Tensor& ids) {
+  const int64_t t = ids.size(1);
+  const Tensor loss = model.loss(ids.slice(1, 0, t - 1), ids.slice(1, 1, t));
+  loss.backward();
+  std::vector<std::vector<double>> out = {{loss.item()}};
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad()) out.push_back(values(p.grad()));
+  }
+  return out;
+}
+
 // Loss and every parameter's gradient after one backward, in training mode with dropout.
 // With lora_targets, LoRA adapters (r 2) on those modules and the base frozen.
 std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpointing, Device device,
@@ -274,14 +286,7 @@ std::vector<std::vector<double>> gradients_with(const GPTCheckpointing& checkpoi
   model.to(device);
   model.set_checkpointing(checkpointing);
   manual_seed(77);  // the dropout masks
-  const Tensor ids = random_ids(2, 16, c.vocab_size, 32).to(device);
-  const Tensor loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
-  loss.backward();
-  std::vector<std::vector<double>> out = {{loss.item()}};
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (p.requires_grad()) out.push_back(values(p.grad()));
-  }
-  return out;
+  return loss_and_gradients(model, random_ids(2, 16, c.vocab_size, 32).to(device));
 }
 
 TEST(GPT, CheckpointingGivesBitIdenticalGradientsWithDropout) {
@@ -362,14 +367,7 @@ std::vector<std::vector<double>> mlp_step(bool fused, const GPTCheckpointing& ch
   }
   model.set_checkpointing(checkpointing);
   manual_seed(78);  // the dropout masks
-  const Tensor ids = random_ids(2, 16, c.vocab_size, 42);
-  const Tensor loss = model.loss(ids.slice(1, 0, 15), ids.slice(1, 1, 16));
-  loss.backward();
-  std::vector<std::vector<double>> out = {{loss.item()}};
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (p.requires_grad()) out.push_back(values(p.grad()));
-  }
-  return out;
+  return loss_and_gradients(model, random_ids(2, 16, c.vocab_size, 42));
 }
 
 // On the CPU the fused MLP computes exactly what linear then gelu did: the same loss and
