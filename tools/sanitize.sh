@@ -27,8 +27,14 @@ if ((${#exes[@]} == 0)); then
   echo "sanitize: no *_tests executables under $build/tests"
   exit 1
 fi
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-((gpus >= 1)) || gpus=1
+# The GPUs to spread the tests over: CUDA_VISIBLE_DEVICES's list when it is set, else every one.
+if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  IFS=',' read -ra devices <<<"$CUDA_VISIBLE_DEVICES"
+else
+  mapfile -t devices < <(nvidia-smi -L 2>/dev/null | grep '^GPU ' | sed -E 's/^GPU ([0-9]+):.*/\1/' || true)
+fi
+((${#devices[@]} >= 1)) || devices=(0)
+gpus=${#devices[@]}
 max_jobs="${MT_SANITIZE_JOBS:-$((4 * gpus))}"
 first="${MT_SANITIZE_FIRST:-Large|Tables|Conv2dCuda|Tf32|F64|Attention|GPT|CudaGraph}"
 deadline="${MT_SANITIZE_DEADLINE:-0}"
@@ -101,7 +107,7 @@ for tool in "${tools[@]}"; do
       limit=$((deadline - (SECONDS - tool_start)))
       ((limit > 0)) || limit=1
     fi
-    run_one "$exe" "$test" $((launched % gpus)) "$log" "$limit" &
+    run_one "$exe" "$test" "${devices[$((launched % gpus))]}" "$log" "$limit" &
     running=$((running + 1)) launched=$((launched + 1))
     if ((launched % 100 == 0)); then echo "sanitize $tool: $launched of ${#jobs[@]} started, $((SECONDS - tool_start)) s"; fi
   done
@@ -125,7 +131,8 @@ for tool in "${tools[@]}"; do
     skipped=$(grep -c '^\[  SKIPPED \] .*([0-9]* ms)$' "$log" || true)
     unfinished=$(awk '$2 == 124 || $2 == 137' "$times" | wc -l)
     failed=$(awk '$2 != 0 && $2 != 124 && $2 != 137' "$times" | wc -l)
-    errors=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" |
+    # A test stopped before the sanitizer's summary has none: grep's "no match" is not an error.
+    errors=$({ grep -E '(ERROR|RACECHECK) SUMMARY' "$log" || true; } |
       sed -E 's/.*ERROR SUMMARY: ([0-9]+) errors?.*/\1/; s/.*\(([0-9]+) errors?,.*/\1/' | awk '{n += $1} END {print n + 0}')
     verdict=clean
     if ((failed > 0 || unfinished > 0 || errors > 0)); then
@@ -134,7 +141,7 @@ for tool in "${tools[@]}"; do
     fi
     echo "sanitize $tool: $name $verdict; $passed tests passed, $skipped skipped, $failed failed," \
       "$unfinished unfinished, $errors errors; slowest: $(head -n 3 "$times" | awk '{printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $3}')"
-    awk '$2 != 0 { print "  " ($2 == 124 || $2 == 137 ? "unfinished" : "failed") ": " $1 }' "$times" | head -n 5
+    awk '$2 != 0 && ++n <= 5 { print "  " ($2 == 124 || $2 == 137 ? "unfinished" : "failed") ": " $1 }' "$times"
     if ((errors > 0)); then
       grep -m 5 -E '^========= [A-Z]' "$log" | grep -v SUMMARY || true
     fi

@@ -1,9 +1,11 @@
 // cuDNN fused attention on the GPU: against the f64 reference on the CPU, with the
 // heads as strided views of a fused qkv, and dropout whose backward uses the forward's mask.
 #include <cmath>
+#include <string>
 
 #include "core/view.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/attention_cudnn.h"
 #include "ops/backends.h"
 #include "ops/ops.h"
 #include "ops/shape/join.h"
@@ -66,9 +68,18 @@ TEST(AttentionCudnn, SplitQkvGradientIsBitwiseTheSeparateOperandsGradients) {
   const Tensor grad_out = randn({B, H, T, D}, bf16_gpu, &gen);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
 
-  const std::vector<Tensor> pieces = split(qkv, C, 2);
-  const Tensor out = scaled_dot_product_attention(heads(pieces[0]), heads(pieces[1]), heads(pieces[2]), true);
+  const Tensor x = mul(qkv, 1.0);  // not a leaf: a hook sees the gradient split's backward returns
+  const std::vector<Tensor> pieces = split(x, C, 2);
+  const Tensor q = heads(pieces[0]), k = heads(pieces[1]), v = heads(pieces[2]);
+  const std::string unsupported = ops::cudnn_sdpa_unsupported(q, k, v);
+  if (!unsupported.empty()) GTEST_SKIP() << "cuDNN fused attention unavailable: " << unsupported;
+  Tensor dq, dx;  // what attention's backward wrote for q, and the gradient of the whole qkv
+  q.register_hook([&dq](const Tensor& g) { return dq = g; });
+  x.register_hook([&dx](const Tensor& g) { return dx = g; });
+  const Tensor out = scaled_dot_product_attention(q, k, v, true);
   sum(mul(out, grad_out)).backward();
+  ASSERT_TRUE(dq.defined() && dx.defined());
+  EXPECT_TRUE(dx.shares_storage_with(dq)) << "split's backward copied the gradients";
 
   std::vector<Tensor> separate;
   for (const Tensor& piece : pieces) separate.push_back(heads(piece).detach().contiguous().requires_grad_());

@@ -421,7 +421,7 @@ TEST(Windows, EmptyWindowsLikeLaysOutTheSplitPiecesOfOneBufferAsTheyWere) {
   }
   EXPECT_EQ(fresh[0].storage()->nbytes(), qkv.nbytes());
   // Not windows of one dense block: separate tensors, a gap, the wrong order, one piece.
-  EXPECT_TRUE(ops::empty_windows_like({zeros({2, 4}), zeros({2, 4})}).empty());
+  EXPECT_TRUE(ops::empty_windows_like({zeros({3, 4}).narrow(0, 0, 2), zeros({3, 4}).narrow(0, 1, 2)}).empty());
   const std::vector<Tensor> spaced = split(zeros({2, 3, 15}), 5, 2);
   EXPECT_TRUE(ops::empty_windows_like({spaced[0].narrow(2, 0, 4), spaced[1].narrow(2, 0, 4), spaced[2].narrow(2, 0, 4)})
                   .empty());
