@@ -583,6 +583,7 @@ TEST(LinearGeluCuda, EveryPathWritesThePreActivationAndItsGelu) {
 // more than f32 rounding, and the printed errors show how accurate cuBLASLt's GELU is.
 TEST(LinearGeluCuda, TheEpilogueComputesTheTanhFormOfGelu) {
   MT_SKIP_WITHOUT_CUDA();
+#if MT_WITH_CUDA  // gemm_cuda exists only in a CUDA build
   const Device gpu = cuda_device(0);
   const int64_t m = 64, n = 96;
   std::vector<double> xs(static_cast<size_t>(m * n)), identity(static_cast<size_t>(n * n), 0.0);
@@ -625,6 +626,7 @@ TEST(LinearGeluCuda, TheEpilogueComputesTheTanhFormOfGelu) {
               std::sqrt(tanh_sq / count), tanh_max, std::sqrt(erf_sq / count));
   EXPECT_LT(tanh_sq, erf_sq) << "cuBLASLt's GELU is nearer the erf form than the tanh form linear_gelu differentiates";
   EXPECT_LT(tanh_max, 2e-3);
+#endif
 }
 
 }  // namespace
