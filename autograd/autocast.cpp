@@ -2,7 +2,10 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
+#include <utility>
 
+#include "autograd/grad_mode.h"
 #include "core/error.h"
 
 namespace mt {
@@ -24,24 +27,33 @@ struct AutocastState {
   DeviceTypeState per_type[2];
   int depth = 0;
   uint64_t casts = 0;
-  std::map<std::pair<const TensorImpl*, DType>, CacheEntry> cache;  // Note [Autocast cast cache]
+  // Note [Autocast cast cache]; keyed also by whether the cast was recorded (a Cast node) or not.
+  std::map<std::tuple<const TensorImpl*, DType, bool>, CacheEntry> cache;
 };
 
 thread_local AutocastState t_state;
 
 DeviceTypeState& for_type(DeviceType t) { return t_state.per_type[static_cast<int>(t)]; }
 
-Tensor cast_to(const Tensor& t, DType target) {
+// t in `target`; recorded (a Cast node, whose backward casts the gradient back) or not (a plain
+// copy, for an op that records t itself and writes its gradient in t's dtype).
+Tensor cast_to(const Tensor& t, DType target, bool recorded) {
   if (t.dtype() == target) return t;
   const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf();
-  const auto key = std::make_pair(static_cast<const TensorImpl*>(t.impl()), target);
+  const auto key = std::make_tuple(static_cast<const TensorImpl*>(t.impl()), target, recorded);
   if (cacheable) {
     auto it = t_state.cache.find(key);
     if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() && it->second.version == t.version()) {
       return it->second.cast;
     }
   }
-  Tensor cast = t.to(target);
+  Tensor cast;
+  if (recorded) {
+    cast = t.to(target);
+  } else {
+    NoGradGuard untracked;
+    cast = t.to(target);
+  }
   ++t_state.casts;
   if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.version(), cast};
   return cast;
@@ -72,7 +84,9 @@ bool is_enabled(DeviceType device_type) { return for_type(device_type).enabled; 
 DType dtype(DeviceType device_type) { return for_type(device_type).dtype; }
 uint64_t cast_count() { return t_state.casts; }
 
-std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
+namespace {
+
+std::vector<Tensor> apply_policy(const char* op, std::vector<Tensor> inputs, bool recorded) {
   const Tensor* first = nullptr;
   for (const Tensor& t : inputs) {
     if (t.defined() && is_floating(t.dtype())) {
@@ -85,12 +99,12 @@ std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
   switch (policy_for(op)) {
     case CastPolicy::lower_precision:
       for (Tensor& t : inputs) {
-        if (t.defined() && t.dtype() == DType::f32 && t.device().type == type) t = cast_to(t, dtype(type));
+        if (t.defined() && t.dtype() == DType::f32 && t.device().type == type) t = cast_to(t, dtype(type), recorded);
       }
       break;
     case CastPolicy::fp32:
       for (Tensor& t : inputs) {
-        if (t.defined() && is_half(t.dtype())) t = cast_to(t, DType::f32);
+        if (t.defined() && is_half(t.dtype())) t = cast_to(t, DType::f32, recorded);
       }
       break;
     case CastPolicy::promote: {
@@ -99,7 +113,7 @@ std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
         if (t.defined() && is_floating(t.dtype())) widest = promote_types(widest, t.dtype());
       }
       for (Tensor& t : inputs) {
-        if (t.defined() && (is_half(t.dtype()) || t.dtype() == DType::f32)) t = cast_to(t, widest);
+        if (t.defined() && (is_half(t.dtype()) || t.dtype() == DType::f32)) t = cast_to(t, widest, recorded);
       }
       break;
     }
@@ -107,6 +121,16 @@ std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
       break;
   }
   return inputs;
+}
+
+}  // namespace
+
+std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs) {
+  return apply_policy(op, std::move(inputs), /*recorded=*/true);
+}
+
+std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs) {
+  return apply_policy(op, std::move(inputs), /*recorded=*/false);
 }
 
 Tensor cast_input(const char* op, const Tensor& input) { return cast_inputs(op, {input})[0]; }

@@ -14,7 +14,11 @@
 // Only f32 tensors are cast to the low dtype, and only f16/bf16 ones up to f32:
 // f64 and integer tensors are never touched. Casts are recorded before the op,
 // so backward sees the low-precision saved tensors and the gradient of a cast
-// input comes back in the input's own dtype.
+// input comes back in the input's own dtype. The GEMM ops with parameters (linear,
+// linear_gelu, lora_linear, linear_cross_entropy) take their parameters' copies
+// unrecorded (operand_copies) and write those parameters' gradients in their own
+// dtype themselves: an f32 weight gets its gradient from the GEMM in f32, never
+// rounded to bf16 and widened by a second pass.
 //
 // Note [Autocast cast cache]
 // A leaf f32 parameter that requires grad is cast once per region and dtype:
@@ -62,6 +66,11 @@ const char* policy_name(CastPolicy policy);
 // Applies the policy of `op` to its floating inputs (others pass through).
 std::vector<Tensor> cast_inputs(const char* op, std::vector<Tensor> inputs);
 Tensor cast_input(const char* op, const Tensor& input);
+// The same casts, made as plain copies that record nothing (cached alike). For an op that
+// records the original tensors as its inputs and writes their gradients in their own dtype
+// itself: linear and its fused forms give an f32 parameter its gradient straight from the
+// GEMM in f32, with no bf16 gradient for a Cast node to widen afterwards.
+std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs);
 
 // Number of casts autocast has made on this thread (tests count cache hits with it).
 uint64_t cast_count();

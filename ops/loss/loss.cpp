@@ -258,13 +258,16 @@ Tensor scale_unit_grad(Tensor unit, DType dtype, const Tensor& grad, const Tenso
 
 Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const Tensor& target,
                             const LinearCrossEntropyOptions& options) {
-  const std::vector<Tensor> cast = autocast::cast_inputs(kFusedOp, {x_in, weight_in});
-  validate_fused(cast[0], cast[1], target, options);
-  const DType dtype = promote_types(cast[0].dtype(), cast[1].dtype());
-  const Tensor& x_rec = cast[0];  // the tensors the node's gradients are for
-  const Tensor& w_rec = cast[1];
+  // x as any op's input; the weight's low-precision copy records nothing: the node records the
+  // weight itself and writes its gradient in the weight's dtype, from the f32 sum of the chunks'
+  // GEMMs, with no bf16 rounding and no Cast node to widen it again.
+  const Tensor x_rec = autocast::cast_input(kFusedOp, x_in);  // the tensors the node's gradients are for
+  const Tensor& w_rec = weight_in;
+  const Tensor w_copy = autocast::operand_copies(kFusedOp, {weight_in})[0];
+  validate_fused(x_rec, w_copy, target, options);
+  const DType dtype = promote_types(x_rec.dtype(), w_copy.dtype());
   const Tensor x = raw::contiguous(ops::as_dtype(x_rec, dtype));
-  const Tensor w = ops::as_dtype(w_rec, dtype);
+  const Tensor w = ops::as_dtype(w_copy, dtype);
   const Tensor t = raw::contiguous(target);
   const int64_t rows = x.size(0), classes = w.size(0);
   if (!x.is_cuda()) check_target_values(t, classes, options.ignore_index);

@@ -420,27 +420,35 @@ struct LinearGrads {
   Tensor x, weight, bias;
 };
 
+// The dtype a GEMM of `operands` operands writes for a gradient wanted in `wanted`: that dtype
+// when the GEMM can write it (its operands' own, or f32 from f16/bf16 ones: an autocast
+// parameter's f32 gradient straight from the GEMM), else the operands' (the engine converts).
+DType gradient_dtype(DType operands, DType wanted) {
+  return wanted == operands || (wanted == DType::f32 && is_half(operands)) ? wanted : operands;
+}
+
 // The base layer's gradients from dy [P, out]: dx = dy W, dW = dy^T x and db = the row
-// sums of dy^T, formed by the dW GEMM itself (or a reduction when dW is not wanted).
+// sums of dy^T, formed by the dW GEMM itself (or a reduction when dW is not wanted); dW and
+// db in w_dtype / b_dtype (the parameters' own) where the GEMM can write them so.
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x_saved, const Tensor& w_saved, bool want_x, bool want_w,
-                            bool want_b, int64_t in) {
+                            bool want_b, int64_t in, DType w_dtype, DType b_dtype) {
   const int64_t rows = dy.size(0), out_features = dy.size(1);
   const DType dtype = dy.dtype();
   LinearGrads grads;
   if (want_x) grads.x = product(dy, Transpose::no, ops::as_dtype(w_saved, dtype), Transpose::no);  // [P, in]
   if (want_w) {
     const Tensor xf = raw::reshape(ops::as_dtype(x_saved, dtype), {rows, in});
-    grads.weight = empty({out_features, in}, ops::options_of(dy));
+    const DType dw_dtype = gradient_dtype(dtype, w_dtype);
+    grads.weight = empty({out_features, in}, ops::options_of(dy).dtype(dw_dtype));
     GemmArgs args;
     args.transpose_a = Transpose::yes;
-    if (want_b) {
-      grads.bias = empty({out_features}, ops::options_of(dy));
+    if (want_b && gradient_dtype(dtype, b_dtype) == dw_dtype) {  // the row sums come in dW's dtype
+      grads.bias = empty({out_features}, ops::options_of(dy).dtype(dw_dtype));
       args.a_row_sums = grads.bias;
     }
     ops::gemm(raw::unsqueeze(grads.weight, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(xf, 0), args);
-  } else if (want_b) {
-    grads.bias = sum(dy, {0});  // [out]
   }
+  if (want_b && !grads.bias.defined()) grads.bias = sum(dy, {0});  // [out]
   return grads;
 }
 
@@ -450,18 +458,35 @@ int64_t leading_rows(const Tensor& x) { return shape_numel(Shape(x.shape().begin
 // A node's saved tensor i, or undefined when it was not saved (not needed).
 Tensor saved_or_none(const LambdaNode& node, size_t i) { return node.saved[i].defined() ? node.unpack(i) : Tensor(); }
 
+// A linear layer's operands. Under autocast x is cast as any op's input is (a Cast node
+// brings its gradient back in its own dtype), while the parameters' low-precision copies
+// record nothing: the node records the parameters themselves and its backward writes their
+// gradients in their own dtype, an f32 dW straight from the GEMM instead of a bf16 one that
+// a Cast node's backward widens in a second pass.
+struct LinearOperands {
+  Tensor x;             // the input, as recorded and read
+  Tensor weight, bias;  // the parameters as given: the node's inputs
+  Tensor w, b;          // what the GEMMs read
+};
+
+LinearOperands linear_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const std::vector<Tensor> copies = autocast::operand_copies(op, {weight, bias});
+  return LinearOperands{autocast::cast_input(op, x), weight, bias, copies[0], copies[1]};
+}
+
 // What a node with inputs (x, weight, bias) saves first for linear's gradients: x is
-// read only for dW, W only for dx (saved slots 0 and 1, empty when not needed).
-void save_linear_inputs(LambdaNode& node, const Tensor& x, const Tensor& weight) {
-  node.saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
-  node.saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+// read only for dW, W (its copy) only for dx (saved slots 0 and 1, empty when not needed).
+void save_linear_inputs(LambdaNode& node, const LinearOperands& o) {
+  node.saved.emplace_back(autograd::requires_grad(o.weight) ? SavedTensor(o.x) : SavedTensor());
+  node.saved.emplace_back(autograd::requires_grad(o.x) ? SavedTensor(o.w) : SavedTensor());
 }
 
 // The gradients of (x, weight, bias) from dy [P, out], for a node that saved its inputs
 // with save_linear_inputs: LinearBackward's body, and LinearGeluBackward's after the GELU.
 std::vector<Tensor> linear_input_grads(const Tensor& dy, const LambdaNode& self, int64_t in) {
   LinearGrads grads = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
-                                      self.needs_input_grad(1), self.needs_input_grad(2), in);
+                                      self.needs_input_grad(1), self.needs_input_grad(2), in, self.input_meta[1].dtype,
+                                      self.input_meta[2].dtype);
   if (grads.x.defined()) grads.x = grads.x.reshape(self.input_meta[0].shape);
   return {grads.x, grads.weight, grads.bias};
 }
@@ -475,48 +500,41 @@ Shape leading_dims_and(const Tensor& x, int64_t last) {
 }  // namespace
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  const std::vector<Tensor> cast = autocast::cast_inputs("linear", {x_in, weight_in, bias_in});
-  const Tensor& x = cast[0];
-  const Tensor& weight = cast[1];
-  const Tensor& bias = cast[2];
-  const DType dtype = check_linear("linear", x, weight, bias);
-  const int64_t in = weight.size(1), out_features = weight.size(0);
-  const int64_t p = leading_rows(x);
-  Tensor out = empty(leading_dims_and(x, out_features), TensorOptions().dtype(dtype).device(x.device()));
-  linear_forward(raw::view(out, {1, p, out_features}), x, weight, bias, dtype, p, in);
+  const LinearOperands o = linear_operands("linear", x_in, weight_in, bias_in);
+  const DType dtype = check_linear("linear", o.x, o.w, o.b);
+  const int64_t in = o.w.size(1), out_features = o.w.size(0);
+  const int64_t p = leading_rows(o.x);
+  Tensor out = empty(leading_dims_and(o.x, out_features), TensorOptions().dtype(dtype).device(o.x.device()));
+  linear_forward(raw::view(out, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in);
 
-  if (autograd::needs_grad({x, weight, bias})) {
+  if (autograd::needs_grad({o.x, o.weight, o.bias})) {
     auto node = std::make_shared<LambdaNode>(
         "LinearBackward", [p, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
           return linear_input_grads(raw::reshape(g[0], {p, out_features}), self, in);  // dy [P, out]
         });
-    save_linear_inputs(*node, x, weight);
-    autograd::record(node, {x, weight, bias}, {out});
+    save_linear_inputs(*node, o);
+    autograd::record(node, {o.x, o.weight, o.bias}, {out});
   }
   return out;
 }
 
 Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  const std::vector<Tensor> cast = autocast::cast_inputs("linear_gelu", {x_in, weight_in, bias_in});
-  const Tensor& x = cast[0];
-  const Tensor& weight = cast[1];
-  const Tensor& bias = cast[2];
-  const DType dtype = check_linear("linear_gelu", x, weight, bias);
-  MT_CHECK(bias.defined(), "linear_gelu: the bias is an undefined tensor; it must be [", weight.size(0),
-           "] for weight ", shape_str(weight.shape()),
-           " (without a bias, use gelu(linear(x, weight), GeluApproximation::tanh))");
-  const int64_t in = weight.size(1), out_features = weight.size(0);
-  const int64_t p = leading_rows(x);
-  const TensorOptions options = TensorOptions().dtype(dtype).device(x.device());
-  Tensor out = empty(leading_dims_and(x, out_features), options);  // h [..., out]
-  const Tensor pre = empty({p, out_features}, options);            // x W^T + b, the GELU's input
+  const LinearOperands o = linear_operands("linear_gelu", x_in, weight_in, bias_in);
+  const DType dtype = check_linear("linear_gelu", o.x, o.w, o.b);
+  MT_CHECK(o.b.defined(), "linear_gelu: the bias is an undefined tensor; it must be [", o.w.size(0), "] for weight ",
+           shape_str(o.w.shape()), " (without a bias, use gelu(linear(x, weight), GeluApproximation::tanh))");
+  const int64_t in = o.w.size(1), out_features = o.w.size(0);
+  const int64_t p = leading_rows(o.x);
+  const TensorOptions options = TensorOptions().dtype(dtype).device(o.x.device());
+  Tensor out = empty(leading_dims_and(o.x, out_features), options);  // h [..., out]
+  const Tensor pre = empty({p, out_features}, options);              // x W^T + b, the GELU's input
   // On CUDA in f16/bf16 one GEMM writes both (cuBLASLt's GELU_AUX_BIAS epilogue), applying the
   // GELU to the f32 accumulator plus bias; gelu(linear(...)) rounds the pre-activation to the
   // output dtype first and applies the GELU to that. The two differ by that one rounding, well
   // within the op contract's bf16/f16 tolerances; everywhere else they are the same computation.
-  linear_forward(raw::view(out, {1, p, out_features}), x, weight, bias, dtype, p, in, raw::unsqueeze(pre, 0));
+  linear_forward(raw::view(out, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in, raw::unsqueeze(pre, 0));
 
-  if (autograd::needs_grad({x, weight, bias})) {
+  if (autograd::needs_grad({o.x, o.weight, o.bias})) {
     auto node = std::make_shared<LambdaNode>(
         "LinearGeluBackward", [p, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
           // dpre = dh * gelu_tanh'(pre) in one element-wise pass, then linear's gradients with dpre as dy.
@@ -525,17 +543,20 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
           ops::run_binary(dpre, dh, ops::as_dtype(self.unpack(2), dh.dtype()), "linear_gelu", fn::GeluTanhGrad{});
           return linear_input_grads(dpre, self, in);
         });
-    save_linear_inputs(*node, x, weight);
+    save_linear_inputs(*node, o);
     node->saved.emplace_back(pre);  // every gradient goes through the GELU's derivative at pre
-    autograd::record(node, {x, weight, bias}, {out});
+    autograd::record(node, {o.x, o.weight, o.bias}, {out});
   }
   return out;
 }
 
 Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_in, const Tensor& bias_in,
                    const Tensor& a_in, const Tensor& b_in, double scale) {
-  const std::vector<Tensor> cast = autocast::cast_inputs("lora_linear", {x_in, h_in, weight_in, bias_in, a_in, b_in});
-  const Tensor &x = cast[0], &h = cast[1], &weight = cast[2], &bias = cast[3], &lora_a = cast[4], &lora_b = cast[5];
+  // x and h as any op's inputs; the parameters' copies recorded as nothing (LinearOperands).
+  const std::vector<Tensor> cast = autocast::cast_inputs("lora_linear", {x_in, h_in});
+  const std::vector<Tensor> copies = autocast::operand_copies("lora_linear", {weight_in, bias_in, a_in, b_in});
+  const Tensor &x = cast[0], &h = cast[1], &weight = copies[0], &bias = copies[1], &lora_a = copies[2],
+               &lora_b = copies[3];
   DType dtype = check_linear("lora_linear", x, weight, bias);
   ops::check_floating("lora_linear", h);
   ops::check_floating("lora_linear", lora_a);
@@ -566,49 +587,53 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
   accumulate.beta = 1.0;
   ops::gemm(out3, raw::unsqueeze(t, 0), raw::unsqueeze(ops::as_dtype(lora_b, dtype), 0), accumulate);
 
-  const std::vector<Tensor> inputs = {x, h, weight, bias, lora_a, lora_b};
+  const std::vector<Tensor> inputs = {x, h, weight_in, bias_in, a_in, b_in};  // what the node records
   if (autograd::needs_grad(inputs)) {
-    auto node = std::make_shared<LambdaNode>("LoraLinearBackward", [p, in, r, out_features, scale](
-                                                                       const std::vector<Tensor>& g,
-                                                                       const LambdaNode& self) {
-      const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
-      const DType dtype = dy.dtype();
-      const TensorOptions options = ops::options_of(dy);
-      LinearGrads base = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
-                                         self.needs_input_grad(2), self.needs_input_grad(3), in);
-      Tensor gh, ga, gb;
-      if (self.needs_input_grad(5)) {  // dB [out, r] = scale dy^T t
-        gb = empty({out_features, r}, options);
-        GemmArgs args;
-        args.transpose_a = Transpose::yes;
-        args.alpha = scale;
-        ops::gemm(raw::unsqueeze(gb, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(ops::as_dtype(self.unpack(2), dtype), 0),
-                  args);
-      }
-      if (self.needs_input_grad(1) || self.needs_input_grad(4)) {
-        // dt [P, r] = scale dy B
-        const Tensor dt = empty({p, r}, options);
-        GemmArgs args;
-        args.alpha = scale;
-        ops::gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0),
-                  args);
-        if (self.needs_input_grad(4)) {  // dA [r, in] = dt^T h
-          ga = product(dt, Transpose::yes, raw::reshape(ops::as_dtype(self.unpack(3), dtype), {p, in}), Transpose::no);
-        }
-        if (self.needs_input_grad(1)) {  // dh [P, in] = dt A
-          gh = product(dt, Transpose::no, ops::as_dtype(self.unpack(5), dtype), Transpose::no)
-                   .reshape(self.input_meta[1].shape);
-        }
-      }
-      if (base.x.defined()) base.x = base.x.reshape(self.input_meta[0].shape);
-      return std::vector<Tensor>{base.x, gh, base.weight, base.bias, ga, gb};
-    });
+    auto node = std::make_shared<LambdaNode>(
+        "LoraLinearBackward", [p, in, r, out_features, scale](const std::vector<Tensor>& g, const LambdaNode& self) {
+          const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
+          const DType dtype = dy.dtype();
+          const TensorOptions options = ops::options_of(dy);
+          LinearGrads base = linear_backward(
+              dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0), self.needs_input_grad(2),
+              self.needs_input_grad(3), in, self.input_meta[2].dtype, self.input_meta[3].dtype);
+          Tensor gh, ga, gb;
+          if (self.needs_input_grad(5)) {  // dB [out, r] = scale dy^T t
+            gb = empty({out_features, r}, options.dtype(gradient_dtype(dtype, self.input_meta[5].dtype)));
+            GemmArgs args;
+            args.transpose_a = Transpose::yes;
+            args.alpha = scale;
+            ops::gemm(raw::unsqueeze(gb, 0), raw::unsqueeze(dy, 0),
+                      raw::unsqueeze(ops::as_dtype(self.unpack(2), dtype), 0), args);
+          }
+          if (self.needs_input_grad(1) || self.needs_input_grad(4)) {
+            // dt [P, r] = scale dy B
+            const Tensor dt = empty({p, r}, options);
+            GemmArgs args;
+            args.alpha = scale;
+            ops::gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0),
+                      raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0), args);
+            if (self.needs_input_grad(4)) {  // dA [r, in] = dt^T h
+              ga = empty({r, in}, options.dtype(gradient_dtype(dtype, self.input_meta[4].dtype)));
+              GemmArgs dt_transposed;
+              dt_transposed.transpose_a = Transpose::yes;
+              ops::gemm(raw::unsqueeze(ga, 0), raw::unsqueeze(dt, 0),
+                        raw::unsqueeze(raw::reshape(ops::as_dtype(self.unpack(3), dtype), {p, in}), 0), dt_transposed);
+            }
+            if (self.needs_input_grad(1)) {  // dh [P, in] = dt A
+              gh = product(dt, Transpose::no, ops::as_dtype(self.unpack(5), dtype), Transpose::no)
+                       .reshape(self.input_meta[1].shape);
+            }
+          }
+          if (base.x.defined()) base.x = base.x.reshape(self.input_meta[0].shape);
+          return std::vector<Tensor>{base.x, gh, base.weight, base.bias, ga, gb};
+        });
     // Saved: x (dW), W (dx), t (dB), h (dA), B (dt), A (dh).
-    const bool need_dt = autograd::requires_grad(h) || autograd::requires_grad(lora_a);
-    node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
+    const bool need_dt = autograd::requires_grad(h) || autograd::requires_grad(a_in);
+    node->saved.emplace_back(autograd::requires_grad(weight_in) ? SavedTensor(x) : SavedTensor());
     node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(lora_b) ? SavedTensor(t) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(lora_a) ? SavedTensor(h) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(b_in) ? SavedTensor(t) : SavedTensor());
+    node->saved.emplace_back(autograd::requires_grad(a_in) ? SavedTensor(h) : SavedTensor());
     node->saved.emplace_back(need_dt ? SavedTensor(lora_b) : SavedTensor());
     node->saved.emplace_back(autograd::requires_grad(h) ? SavedTensor(lora_a) : SavedTensor());
     autograd::record(node, inputs, {out});

@@ -1,8 +1,11 @@
 // Autocast: region state, the op policy, the cast cache.
 #include "autograd/autocast.h"
+#include "autograd/node.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -229,6 +232,56 @@ TEST(AutocastCache, AParameterUsedTwiceIsCastOnceAndAnInPlaceUpdateRecasts) {
   const Tensor c = autocast::cast_input("matmul", w);
   EXPECT_EQ(autocast::cast_count() - before, 2u);
   EXPECT_EQ(c.to_vector<double>()[0], 2.0);
+}
+
+// A linear layer's f32 parameters under autocast: the node records them directly (no Cast
+// node), and their gradients come straight from the GEMM in f32, never rounded to bf16.
+TEST(Autocast, LinearWritesItsF32ParametersGradientsInF32WithoutACastNode) {
+  Generator gen(5);
+  const Tensor x = randn({16, 24}, DType::f32, &gen).to(DType::bf16);
+  const Tensor w = randn({8, 24}, DType::f32, &gen).requires_grad_();
+  const Tensor b = randn({8}, DType::f32, &gen).requires_grad_();
+  const Tensor dy = randn({16, 8}, DType::f32, &gen).to(DType::bf16);
+  Tensor y;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    y = linear(x, w, b);
+  }
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  ASSERT_EQ(y.grad_fn()->name(), "LinearBackward");
+  for (size_t i : {1u, 2u}) EXPECT_EQ(y.grad_fn()->next_edges[i].fn->name(), "AccumulateGrad") << "input " << i;
+  y.backward(dy);
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  // dW = dy^T x from the bf16 operands, summed and kept in f32: within f32 rounding of the f64
+  // product, while rounding it to bf16 (as a bf16 GEMM output would be) is ~1e-3 away.
+  const std::vector<double> want = matmul(dy.to(DType::f64).transpose(0, 1), x.to(DType::f64)).to_vector<double>();
+  const std::vector<double> got = w.grad().to_vector<double>();
+  const std::vector<double> rounded = from_vector(want, {8, 24}).to(DType::bf16).to_vector<double>();
+  double err = 0, rounding = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    rounding = std::max(rounding, std::abs(rounded[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  EXPECT_LE(err, 1e-6 * scale);
+  EXPECT_GT(rounding, 100 * err);  // the check above would notice a bf16 dW
+  EXPECT_EQ(b.grad().dtype(), DType::f32);
+  EXPECT_EQ(b.grad().to_vector<double>(), sum(dy.to(DType::f64), {0}).to(DType::f32).to_vector<double>());
+}
+
+TEST(AutocastCache, OperandCopiesAreCachedApartFromRecordedCasts) {
+  Tensor w = ones({4}).requires_grad_();
+  AutocastGuard amp(DeviceType::cpu, DType::bf16);
+  const uint64_t before = autocast::cast_count();
+  const Tensor copy = autocast::operand_copies("linear", {w})[0];
+  const Tensor again = autocast::operand_copies("linear", {w})[0];
+  const Tensor recorded = autocast::cast_input("linear", w);
+  EXPECT_EQ(copy.impl(), again.impl());
+  EXPECT_NE(copy.impl(), recorded.impl());
+  EXPECT_EQ(autocast::cast_count() - before, 2u);
+  EXPECT_EQ(copy.dtype(), DType::bf16);
+  EXPECT_FALSE(copy.requires_grad());     // a plain copy: it records nothing
+  EXPECT_TRUE(recorded.requires_grad());  // a Cast node's output
 }
 
 TEST(AutocastCache, NonParametersAreNotCached) {
