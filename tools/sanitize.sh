@@ -6,6 +6,7 @@
 # spread over the GPUs. An instrumented kernel runs up to a thousand times slower, and one test
 # can take minutes: this way the slowest test, not a shard of many, bounds the wall time.
 #   MT_SANITIZE_FILTER   gtest filter (default every test; the CPU-only ones cost little)
+#   MT_SANITIZE_EXES     comma-separated executables to run, e.g. ops_tests (default every one)
 #   MT_SANITIZE_FIRST    regex of the tests started first, the slow ones (default below)
 #   MT_SANITIZE_DEADLINE seconds after which every test still running is stopped and reported
 #                        unfinished (default none), so that a summary is printed in time
@@ -23,8 +24,16 @@ if ! command -v compute-sanitizer >/dev/null; then
   exit 1
 fi
 mapfile -t exes < <(find "$build/tests" -type f -executable -name '*_tests' 2>/dev/null | sort)
+if [[ -n "${MT_SANITIZE_EXES:-}" ]]; then
+  IFS=',' read -ra wanted <<<"$MT_SANITIZE_EXES"
+  chosen=()
+  for exe in "${exes[@]}"; do
+    for name in "${wanted[@]}"; do [[ "$(basename "$exe")" == "$name" ]] && chosen+=("$exe"); done
+  done
+  exes=("${chosen[@]}")
+fi
 if ((${#exes[@]} == 0)); then
-  echo "sanitize: no *_tests executables under $build/tests"
+  echo "sanitize: no *_tests executables${MT_SANITIZE_EXES:+ named $MT_SANITIZE_EXES} under $build/tests"
   exit 1
 fi
 # The GPUs to spread the tests over: CUDA_VISIBLE_DEVICES's list when it is set, else every one.
