@@ -11,6 +11,8 @@
 #   MT_SANITIZE_DEADLINE seconds after which every test still running is stopped and reported
 #                        unfinished (default none), so that a summary is printed in time
 #   MT_RACECHECK_EXCLUDE kernels racecheck skips (default kns=cudnn; empty: none)
+#   MT_RACECHECK_SKIP    gtest negative filter of tests racecheck does not run (default below;
+#                        empty: none); memcheck runs them
 # Prints, per tool and executable, the tests passed, failed and unfinished, the errors found and
 # the slowest tests; exits 1 if any test failed or did not finish, or any error was reported.
 # Logs: LOG_DIR/sanitize-TOOL-EXE.log (every test's, one after another) and .times (test, exit
@@ -51,7 +53,7 @@ deadline="${MT_SANITIZE_DEADLINE:-0}"
 # The full names ("Suite.Test", "Prefix/Suite.Test/3") of an executable's tests that match the
 # filter: --gtest_list_tests prints each suite ("Suite.") and then its tests indented.
 list_tests() {
-  "$1" --gtest_filter="$filter" --gtest_list_tests 2>/dev/null |
+  "$1" --gtest_filter="$tool_filter" --gtest_list_tests 2>/dev/null |
     awk '/^[^ ].*\.( |$)/ { suite = $1; next } /^  [^ ]/ && suite != "" { print suite $1 }'
 }
 
@@ -76,6 +78,7 @@ run_one() {
 status=0
 IFS=',' read -ra tools <<<"$tool_list"
 for tool in "${tools[@]}"; do
+  tool_filter=$filter
   case "$tool" in
     memcheck) tool_args=(--tool memcheck) ;;
     # cuDNN's Hopper kernels (generated attention, precompiled sm90_xmma convolutions, their
@@ -86,6 +89,16 @@ for tool in "${tools[@]}"; do
       tool_args=(--tool racecheck --racecheck-report all)
       exclude="${MT_RACECHECK_EXCLUDE-kns=cudnn}"
       [[ -n "$exclude" ]] && tool_args+=(--kernel-name-exclude "$exclude")
+      # Conv2dCuda.LargerProblemsMatchTheCpu reaches cuDNN convolution kernels which, with
+      # cuDNN's kernels excluded, make racecheck stop on "The Sanitizer failed to handle a
+      # hardware exception" (then cudaErrorIllegalAddress) even when it runs alone; without the
+      # exclusion it reports mbarrier hazards inside those kernels. Its own work is cuDNN's:
+      # the smaller Conv2dCuda tests racecheck the same code of ours, and memcheck runs it.
+      skip="${MT_RACECHECK_SKIP-Conv2dCuda.LargerProblemsMatchTheCpu}"
+      if [[ -n "$skip" ]]; then
+        [[ "$filter" == *-* ]] && tool_filter="$filter:$skip" || tool_filter="$filter-$skip"
+        echo "sanitize racecheck: not run under racecheck (MT_RACECHECK_SKIP): $skip"
+      fi
       ;;
     *)
       echo "sanitize: unknown tool '$tool' (memcheck or racecheck)"
