@@ -30,6 +30,8 @@ constexpr Entry kPolicy[] = {
     {"softplus", P::fp32},
     {"layer_norm", P::fp32},
     {"rms_norm", P::fp32},
+    {"add_layer_norm", P::fp32},  // x and the parameters; delta is read as it is
+    {"add_rms_norm", P::fp32},
     {"softmax", P::fp32},
     {"log_softmax", P::fp32},
     {"cross_entropy", P::fp32},

@@ -203,6 +203,9 @@ Tensor GPTBody::forward(const Tensor& ids) const {
   const Tensor positions = arange(T, TensorOptions(DType::i64).device(ids.device()));  // [T]
   Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
   x = mt::dropout(x, dropout, is_training());
+  // Each block's last residual add is left to the norm after it (Block::forward_residual):
+  // the residual stream is read and written once per norm, not also once per add.
+  Tensor pending;
   for (size_t i = 0; i < blocks.size(); ++i) {
     // The last block is never recomputed: backward reaches it first, right after the
     // head, and would rebuild at once the activations that keeping them holds. Keeping
@@ -211,9 +214,17 @@ Tensor GPTBody::forward(const Tensor& ids) const {
     const bool last = i + 1 == blocks.size() && blocks.size() > 1;
     const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last &&
                            static_cast<int64_t>(i) % checkpointing.every == 0;
-    x = recompute ? blocks[i]->forward_checkpointed(x) : blocks[i]->forward(x);
+    if (recompute) {
+      if (pending.defined()) x = add(x, pending);
+      pending = Tensor();
+      x = blocks[i]->forward_checkpointed(x);
+    } else {
+      const Block::Residual out = blocks[i]->forward_residual(x, pending);
+      x = out.stream;
+      pending = out.delta;
+    }
   }
-  return ln_f->forward(x);
+  return pending.defined() ? ln_f->forward_add(x, pending).normed : ln_f->forward(x);
 }
 
 GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {

@@ -55,6 +55,14 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   return layer_norm(x, weight, bias, eps);
 }
 
+AddNorm LayerNorm::forward_add(const Tensor& x, const Tensor& delta) const {
+  const DeviceType device = x.device().type;
+  if (output_in_autocast_dtype && autocast::is_enabled(device)) {
+    return add_layer_norm(x, delta, weight, bias, eps, autocast::dtype(device));
+  }
+  return add_layer_norm(x, delta, weight, bias, eps);
+}
+
 Dropout::Dropout(double p_) : p(p_) { MT_CHECK(p >= 0 && p <= 1, "Dropout: p must lie in [0, 1], got ", p); }
 
 Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }

@@ -5,6 +5,7 @@
 
 #include "core/random.h"
 #include "ops/nn/module.h"
+#include "ops/norm/norm.h"
 
 namespace mt::nn {
 
@@ -51,6 +52,8 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
   Tensor forward(const Tensor& x) const;
+  // {x + delta, forward(x + delta)} in one pass (add_layer_norm): a residual add and this norm.
+  AddNorm forward_add(const Tensor& x, const Tensor& delta) const;
   Tensor weight, bias;  // [dim]
   double eps;
   // Set by models whose norm output only feeds GEMMs, which autocast runs in the low

@@ -60,8 +60,14 @@ Block::Block(const TransformerShape& shape, Generator* generator) {
 }
 
 Tensor Block::forward(const Tensor& x) const {
-  const Tensor h = add(x, attn->forward(ln_1->forward(x)));
-  return add(h, mlp->forward(ln_2->forward(h)));
+  const Residual out = forward_residual(x, Tensor());
+  return add(out.stream, out.delta);
+}
+
+Block::Residual Block::forward_residual(const Tensor& x, const Tensor& pending) const {
+  const AddNorm in = pending.defined() ? ln_1->forward_add(x, pending) : AddNorm{x, ln_1->forward(x)};
+  const AddNorm mid = ln_2->forward_add(in.sum, attn->forward(in.normed));  // h = x + attn, ln_2(h)
+  return {mid.sum, mlp->forward(mid.normed)};
 }
 
 Tensor Block::forward_checkpointed(const Tensor& x) const {

@@ -59,6 +59,15 @@ class Block : public Module {
  public:
   Block(const TransformerShape& shape, Generator* generator);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // The block with its two residual adds left to the norms after them: the block's input is
+  // x + pending (pending undefined: x alone), and its output is stream + delta, unadded, so that
+  // the next norm (the next block's ln_1, or the final one) adds it in its own pass
+  // (add_layer_norm). forward(x) is forward_residual(x, {}) with the last add done.
+  struct Residual {
+    Tensor stream;  // the residual stream after attention, [B, T, C]
+    Tensor delta;   // the MLP's output, [B, T, C]
+  };
+  Residual forward_residual(const Tensor& x, const Tensor& pending) const;
   // forward() with activation checkpointing (autograd/checkpoint.h): only x is kept
   // and the block is re-run in backward. When nothing in the MLP's output projection
   // trains (a frozen base without an adapter there), that projection, its dropout and

@@ -76,8 +76,9 @@ TEST(Autocast, GradientOfACastInputComesBackInItsDtype) {
 TEST(Autocast, PolicyTableNamesEveryRequiredOp) {
   const char* lower[] = {
       "matmul", "bmm", "linear", "linear_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
-  const char* fp32[] = {"exp",     "log",         "pow",           "rsqrt", "softplus", "layer_norm", "rms_norm",
-                        "softmax", "log_softmax", "cross_entropy", "sum",   "mean",     "var"};
+  const char* fp32[] = {
+      "exp",          "log",     "pow",         "rsqrt",         "softplus", "layer_norm", "rms_norm", "add_layer_norm",
+      "add_rms_norm", "softmax", "log_softmax", "cross_entropy", "sum",      "mean",       "var"};
   const char* promote[] = {"add", "sub", "mul", "div", "cat", "where"};
   for (const char* op : lower) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::lower_precision) << op;
   for (const char* op : fp32) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::fp32) << op;
@@ -145,6 +146,17 @@ std::vector<PolicyRow> policy_rows() {
       {"rms_norm",
        [=](DType low) {
          return rms_norm(half({2, 4}, low), half({4}, low));
+       },
+       false},
+      // x goes to f32; the half delta is read beside it, and the sum and the norm are f32.
+      {"add_layer_norm",
+       [=](DType low) {
+         return add_layer_norm(half({2, 4}, low), half({2, 4}, low), half({4}, low), half({4}, low)).normed;
+       },
+       false},
+      {"add_rms_norm",
+       [=](DType low) {
+         return add_rms_norm(half({2, 4}, low), half({2, 4}, low), half({4}, low)).sum;
        },
        false},
       {"softmax",
