@@ -123,6 +123,19 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   // The GELU by the element-wise loop, from the pre-activation the GEMM wrote: on the CPU,
   // and wherever the epilogue cannot serve. fn::GeluTanh is the formula gelu() runs too.
   const auto apply_gelu = [&] { run_unary(out, pre, "gelu", fn::GeluTanh{}); };
+  const Tensor& gelu_input = args.gelu_backward_pre_activation;
+  const bool with_gelu_grad = gelu_input.defined();
+  if (with_gelu_grad) {
+    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && !args.a_row_sums.defined() &&
+                           !with_gelu && gelu_input.shape() == out.shape() && gelu_input.dtype() == out.dtype() &&
+                           gelu_input.device() == out.device() && gelu_input.is_contiguous(),
+                       "gemm: GELU backward pre-activation ", describe(gelu_input), " for out ", describe(out),
+                       " with beta ", args.beta, (args.bias.defined() ? " and a bias" : ""));
+  }
+  // The GELU's derivative by the element-wise loop, in place over the product the GEMM wrote:
+  // on the CPU, and wherever the epilogue cannot serve. fn::GeluTanhGrad is what gelu()'s
+  // backward runs, (gradient, input) -> gradient * gelu_tanh'(input).
+  const auto apply_gelu_grad = [&] { run_binary(out, out, gelu_input, "gelu", fn::GeluTanhGrad{}); };
   if (out.numel() == 0) {
     reduce_row_sums();
     return;
@@ -139,6 +152,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       target.copy_(mul(out, args.beta));
     }
     if (with_gelu) apply_gelu();
+    if (with_gelu_grad) apply_gelu_grad();
     return;
   }
 
@@ -148,9 +162,15 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   // not document how accurately its epilogue computes the GELU, and f32 is held to f32
   // accuracy while f16/bf16 round far more coarsely. Otherwise the product and bias go to
   // the pre-activation and the GELU is a second pass.
-  const bool fused_gelu = with_gelu && out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
-                          reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 == 0;
+  const auto epilogue_can_read = [&](const Tensor& gelu_matrix) {
+    return out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(gelu_matrix.data_ptr()) % 16 == 0;
+  };
+  const bool fused_gelu = with_gelu && epilogue_can_read(pre);
   if (fused_gelu) p.gelu_pre_activation = pre;
+  // The GELU's derivative likewise, by the DGELU epilogue reading the pre-activation under the
+  // same rules (f16/bf16 for the same reason); otherwise a second pass over out.
+  if (with_gelu_grad && epilogue_can_read(gelu_input)) p.gelu_backward_pre_activation = gelu_input;
   // Where the product (and bias) is written: out, or the pre-activation when the GELU comes after.
   const Tensor product_out = with_gelu && !fused_gelu ? pre : out;
   const bool row_sums = args.a_row_sums.defined();
@@ -185,17 +205,20 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   p.a = make_operand(a, batch);
   p.b = make_operand(b, batch);
   p.c = output_operand(product_out);
-  bool epilogue_ran = false;  // p's optional epilogue (the row sums or the GELU; never both) ran in the GEMM
+  // p's optional epilogue (the row sums, the GELU or its derivative; one at most) ran in the GEMM.
+  bool epilogue_ran = false;
   if (out.is_cuda()) {
 #if MT_WITH_CUDA
     if (gemm_cuda(p)) {
-      epilogue_ran = p.a_row_sums.defined() || p.gelu_pre_activation.defined();
+      epilogue_ran =
+          p.a_row_sums.defined() || p.gelu_pre_activation.defined() || p.gelu_backward_pre_activation.defined();
     } else {
       // No algorithm with that epilogue: the plain GEMM (its bias still in the epilogue), then
       // the epilogue's work below.
       GemmProblem plain = p;
       plain.a_row_sums = Tensor();
       plain.gelu_pre_activation = Tensor();
+      plain.gelu_backward_pre_activation = Tensor();
       if (with_gelu) plain.c = output_operand(pre);
       const bool written = gemm_cuda(plain);
       MT_INTERNAL_ASSERT(written, "gemm: a GEMM without an optional epilogue must always run");
@@ -208,6 +231,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   }
   if (row_sums && !epilogue_ran) reduce_row_sums();
   if (with_gelu && !epilogue_ran) apply_gelu();
+  if (with_gelu_grad && !epilogue_ran) apply_gelu_grad();
 }
 
 }  // namespace ops
