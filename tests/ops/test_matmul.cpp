@@ -1,4 +1,4 @@
-// Op-contract cases for matmul, bmm, linear and linear_gelu, plus what the contract does not
+// Op-contract cases for matmul, bmm, linear, linear_gelu and mlp_gelu, plus what the contract does not
 // cover: values against a naive triple loop, non-contiguous and misaligned
 // operands, the GEMM entry point's alpha/beta, error messages, which inputs get
 // (and which inputs are saved for) gradients, and f64 / streams on CUDA.
@@ -105,6 +105,27 @@ MT_OP_CASE(OpCase("linear_gelu", "linear_gelu_epilogue_sized")
                .compute([](const In& x) { return linear_gelu(x[0], x[1], x[2]); })
                .no_gradcheck("linear_gelu_bias checks the same formulas in f64; this case sizes the CUDA epilogue"));
 
+// ---- mlp_gelu: y = gelu_tanh(x W1^T + b1) W2^T + b2 ----
+// 16 hidden columns: on CUDA in f16/bf16 the forward's GELU_AUX_BIAS epilogue and the
+// backward's DGELU epilogue (dpre = (dy W2) gelu_tanh'(pre) from one GEMM).
+MT_OP_CASE(OpCase("mlp_gelu", "mlp_gelu_2d").inputs({{3, 8}, {16, 8}, {16}, {5, 16}, {5}}).compute([](const In& x) {
+  return mlp_gelu(x[0], x[1], x[2], x[3], x[4]);
+}));
+MT_OP_CASE(
+    OpCase("mlp_gelu", "mlp_gelu_3d_input").inputs({{2, 3, 4}, {8, 4}, {8}, {4, 8}, {4}}).compute([](const In& x) {
+      return mlp_gelu(x[0], x[1], x[2], x[3], x[4]);
+    }));
+// 5 hidden columns: not a multiple of 8, so on CUDA neither epilogue can take the
+// pre-activation; the GELU and its derivative are second passes.
+MT_OP_CASE(OpCase("mlp_gelu", "mlp_gelu_hidden_not_multiple_of_8")
+               .inputs({{3, 4}, {5, 4}, {5}, {3, 5}, {3}})
+               .compute([](const In& x) { return mlp_gelu(x[0], x[1], x[2], x[3], x[4]); }));
+// Tile-sized (a GPT MLP's 4x widening): both epilogues over several tiles of 256 rows by 96 hidden columns.
+MT_OP_CASE(OpCase("mlp_gelu", "mlp_gelu_epilogue_sized")
+               .inputs({{4, 64, 24}, {96, 24}, {96}, {24, 96}, {24}})
+               .compute([](const In& x) { return mlp_gelu(x[0], x[1], x[2], x[3], x[4]); })
+               .no_gradcheck("mlp_gelu_2d checks the same formulas in f64; this case sizes the CUDA epilogues"));
+
 // ---- lora_linear: y = x W^T + b + scale (h A^T) B^T ----
 MT_OP_CASE(OpCase("lora_linear", "lora_linear_separate_adapter_input")
                .inputs({{2, 3, 4}, {2, 3, 4}, {5, 4}, {5}, {2, 4}, {5, 2}})
@@ -166,6 +187,29 @@ void expect_contains(const std::string& msg, const std::vector<std::string>& par
 double gelu_tanh_derivative(double x) {
   const double k = 0.79788456080286535588, t = std::tanh(k * (x + 0.044715 * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+// The MLP mlp_gelu fuses, op by op.
+Tensor unfused_mlp(const std::vector<Tensor>& in) {
+  return linear(gelu(linear(in[0], in[1], in[2]), GeluApproximation::tanh), in[3], in[4]);
+}
+
+// x [2, 3, 4], W1 [8, 4], b1 [8], W2 [5, 8], b2 [5] in f64, and dy [2, 3, 5].
+std::vector<Tensor> mlp_inputs() {
+  return {random({2, 3, 4}, DType::f64, 1), random({8, 4}, DType::f64, 2), random({8}, DType::f64, 3),
+          random({5, 8}, DType::f64, 4), random({5}, DType::f64, 5)};
+}
+const Tensor& mlp_dy() {
+  static const Tensor dy = random({2, 3, 5}, DType::f64, 6);
+  return dy;
+}
+
+// Fresh leaves (raw::to to the same dtype returns the tensor itself), those named requiring grad.
+std::vector<Tensor> leaves(const std::vector<Tensor>& values, DType dtype, const std::vector<size_t>& trained) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : values) out.push_back(raw::clone(raw::to(t, dtype)));
+  for (size_t i : trained) out[i].requires_grad_();
+  return out;
 }
 
 // ---- values ----
@@ -331,6 +375,79 @@ TEST(LinearGelu, SavesOnlyWhatTheRequestedGradientsRead) {
   EXPECT_THROW(sum(y2).backward(), Error);
 }
 
+// Off the CUDA epilogues, mlp_gelu is linear(gelu(linear(...))) computed the same way: equal
+// output and five gradients, in every dtype (bit for bit: the same GEMMs and loops run).
+TEST(MlpGelu, EqualsLinearOfGeluOfLinearWithGradients) {
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    std::vector<std::vector<double>> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      const std::vector<Tensor> in = leaves(mlp_inputs(), dtype, {0, 1, 2, 3, 4});
+      const Tensor y = fused ? mlp_gelu(in[0], in[1], in[2], in[3], in[4]) : unfused_mlp(in);
+      ASSERT_EQ(y.shape(), (Shape{2, 3, 5}));
+      ASSERT_EQ(y.dtype(), dtype);
+      EXPECT_EQ(y.grad_fn()->name(), fused ? "MlpGeluBackward" : "LinearBackward");
+      y.backward(raw::to(mlp_dy(), dtype));
+      results[fused].push_back(y.to_vector<double>());
+      for (const Tensor& t : in) results[fused].push_back(t.grad().to_vector<double>());
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[1][i], results[0][i]) << dtype_name(dtype) << ": y, dx, dW1, db1, dW2, db2 [" << i << "]";
+    }
+  }
+}
+
+// Each input alone asks for its gradient: it gets the unfused MLP's, and no other input gets one.
+TEST(MlpGelu, GradientOnlyForInputsThatRequireIt) {
+  for (size_t wanted = 0; wanted < 5; ++wanted) {
+    const std::vector<Tensor> in = leaves(mlp_inputs(), DType::f64, {wanted}),
+                              ref = leaves(mlp_inputs(), DType::f64, {wanted});
+    mlp_gelu(in[0], in[1], in[2], in[3], in[4]).backward(mlp_dy());
+    unfused_mlp(ref).backward(mlp_dy());
+    for (size_t i = 0; i < in.size(); ++i) EXPECT_EQ(in[i].grad().defined(), i == wanted) << wanted << ", " << i;
+    expect_close(in[wanted].grad().to_vector<double>(), ref[wanted].grad().to_vector<double>(), 1e-12);
+  }
+}
+
+// h is saved only for dW2; W1 only for dx; W2 and the pre-activation only for the first
+// layer's gradients: an unsaved input may change after the forward, a saved one may not.
+TEST(MlpGelu, SavesOnlyWhatTheRequestedGradientsRead) {
+  const std::vector<Tensor> ref = leaves(mlp_inputs(), DType::f64, {3});
+  unfused_mlp(ref).backward(mlp_dy());
+  const std::vector<Tensor> in = leaves(mlp_inputs(), DType::f64, {3});
+  const Tensor y = mlp_gelu(in[0], in[1], in[2], in[3], in[4]);
+  in[0].fill_(7.0);  // x and W1 were not saved: only W2 needs a gradient
+  in[1].fill_(7.0);
+  y.backward(mlp_dy());
+  expect_close(in[3].grad().to_vector<double>(), ref[3].grad().to_vector<double>(), 1e-12);
+
+  const std::vector<Tensor> in2 = leaves(mlp_inputs(), DType::f64, {0});
+  const Tensor y2 = mlp_gelu(in2[0], in2[1], in2[2], in2[3], in2[4]);
+  in2[3].fill_(7.0);  // W2 was saved for dx
+  EXPECT_THROW(y2.backward(mlp_dy()), Error);
+}
+
+// No rows: an empty y and zero parameter gradients. No outputs: the dpre GEMM has an empty
+// inner dimension, so dpre, dx and dW1 are zeros.
+TEST(MlpGelu, EmptyBatchAndEmptyOutput) {
+  const std::vector<Tensor> rows = leaves(
+      {zeros({0, 4}, DType::f64), random({8, 4}), random({8}), random({5, 8}), random({5})}, DType::f64, {1, 2, 3, 4});
+  const Tensor y = mlp_gelu(rows[0], rows[1], rows[2], rows[3], rows[4]);
+  EXPECT_EQ(y.shape(), (Shape{0, 5}));
+  sum(y).backward();
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].grad().to_vector<double>(), std::vector<double>(static_cast<size_t>(rows[i].numel()), 0.0));
+  }
+  const std::vector<Tensor> outs =
+      leaves({random({2, 4}), random({8, 4}), random({8}), zeros({0, 8}, DType::f64), zeros({0}, DType::f64)},
+             DType::f64, {0, 1, 2});
+  const Tensor y2 = mlp_gelu(outs[0], outs[1], outs[2], outs[3], outs[4]);
+  EXPECT_EQ(y2.shape(), (Shape{2, 0}));
+  sum(y2).backward();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(outs[i].grad().to_vector<double>(), std::vector<double>(static_cast<size_t>(outs[i].numel()), 0.0));
+  }
+}
+
 // ---- the GEMM entry point ----
 
 TEST(Gemm, AlphaBetaAndTransposeFlags) {
@@ -439,11 +556,32 @@ TEST(LinearGelu, ErrorsNameTheOpTheShapesAndTheDtypes) {
   EXPECT_THROW(linear_gelu(ones({2, 4}), ones({3, 4}, DType::i32), ones({3})), DTypeError);
 }
 
+TEST(MlpGelu, ErrorsNameTheOpTheLayerAndTheShapes) {
+  const auto call = [](const Shape& x, const Shape& w1, const Shape& b1, const Shape& w2, const Shape& b2) {
+    return [=] {
+      mlp_gelu(ones(x), ones(w1), b1.empty() ? Tensor() : ones(b1), ones(w2), b2.empty() ? Tensor() : ones(b2));
+    };
+  };
+  expect_contains(message_of(call({2, 5}, {8, 4}, {8}, {3, 8}, {3})),
+                  {"mlp_gelu: input [2, 5] and w1 [8, 4] cannot be multiplied (in features: 5 != 4)"});
+  expect_contains(message_of(call({2, 4}, {8, 4}, {8}, {3, 7}, {3})),
+                  {"mlp_gelu: w2 [3, 7] takes 7 in features but w1 [8, 4] gives 8 hidden features"});
+  expect_contains(message_of(call({2, 4}, {8, 4}, {7}, {3, 8}, {3})),
+                  {"mlp_gelu: b1 must have shape [8] to match w1 [8, 4], got [7]"});
+  expect_contains(message_of(call({2, 4}, {8, 4}, {8}, {3, 8}, {4})),
+                  {"mlp_gelu: b2 must have shape [3] to match w2 [3, 8], got [4]"});
+  expect_contains(message_of(call({2, 4}, {8, 4}, {8}, {8}, {3})), {"mlp_gelu: w2 must be 2-D [out, in]", "[8]"});
+  expect_contains(error_message_of(call({2, 4}, {8, 4}, {}, {3, 8}, {3})), {"mlp_gelu", "b1", "[8]", "w1 [8, 4]"});
+  expect_contains(error_message_of(call({2, 4}, {8, 4}, {8}, {3, 8}, {})), {"mlp_gelu", "b2", "[3]", "w2 [3, 8]"});
+  EXPECT_THROW(mlp_gelu(ones({2, 4}), ones({8, 4}), ones({8}), ones({3, 8}, DType::i32), ones({3})), DTypeError);
+}
+
 TEST(Matmul, DifferentDevicesAreAnError) {
   MT_SKIP_WITHOUT_CUDA();
   EXPECT_THROW(matmul(ones({2, 2}), ones({2, 2}, cuda_device(0))), DeviceError);
   EXPECT_THROW(linear(ones({2, 2}), ones({2, 2}), ones({2}, cuda_device(0))), DeviceError);
   EXPECT_THROW(linear_gelu(ones({2, 2}), ones({2, 2}), ones({2}, cuda_device(0))), DeviceError);
+  EXPECT_THROW(mlp_gelu(ones({2, 2}), ones({2, 2}), ones({2}), ones({2, 2}, cuda_device(0)), ones({2})), DeviceError);
 }
 
 // ---- gradients ----
