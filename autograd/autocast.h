@@ -15,7 +15,7 @@
 // f64 and integer tensors are never touched. Casts are recorded before the op,
 // so backward sees the low-precision saved tensors and the gradient of a cast
 // input comes back in the input's own dtype. The GEMM ops with parameters (linear,
-// linear_gelu, lora_linear, linear_cross_entropy) take their parameters' copies
+// linear_gelu, mlp_gelu, lora_linear, linear_cross_entropy) take their parameters' copies
 // unrecorded (operand_copies) and write those parameters' gradients in their own
 // dtype themselves: an f32 weight gets its gradient from the GEMM in f32, never
 // rounded to bf16 and widened by a second pass.

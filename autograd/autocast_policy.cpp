@@ -18,6 +18,7 @@ constexpr Entry kPolicy[] = {
     {"bmm", P::lower_precision},
     {"linear", P::lower_precision},
     {"linear_gelu", P::lower_precision},
+    {"mlp_gelu", P::lower_precision},
     {"lora_linear", P::lower_precision},
     {"linear_cross_entropy", P::lower_precision},  // GEMMs low; its loss is f32 regardless
     {"conv2d", P::lower_precision},

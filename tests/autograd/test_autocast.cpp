@@ -74,8 +74,8 @@ TEST(Autocast, GradientOfACastInputComesBackInItsDtype) {
 }
 
 TEST(Autocast, PolicyTableNamesEveryRequiredOp) {
-  const char* lower[] = {
-      "matmul", "bmm", "linear", "linear_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
+  const char* lower[] = {"matmul",   "bmm",         "linear", "linear_gelu",
+                         "mlp_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
   const char* fp32[] = {
       "exp",          "log",     "pow",         "rsqrt",         "softplus", "layer_norm", "rms_norm", "add_layer_norm",
       "add_rms_norm", "softmax", "log_softmax", "cross_entropy", "sum",      "mean",       "var"};
@@ -117,6 +117,11 @@ std::vector<PolicyRow> policy_rows() {
       {"linear_gelu",
        [=](DType) {
          return linear_gelu(f32({2, 3}), f32({4, 3}), f32({4}));
+       },
+       true},
+      {"mlp_gelu",
+       [=](DType) {
+         return mlp_gelu(f32({2, 3}), f32({4, 3}), f32({4}), f32({5, 4}), f32({5}));
        },
        true},
       {"lora_linear",
@@ -279,6 +284,25 @@ TEST(Autocast, LinearWritesItsF32ParametersGradientsInF32WithoutACastNode) {
   EXPECT_GT(rounding, 100 * err);  // the check above would notice a bf16 dW
   EXPECT_EQ(b.grad().dtype(), DType::f32);
   EXPECT_EQ(b.grad().to_vector<double>(), sum(dy.to(DType::f64), {0}).to(DType::f32).to_vector<double>());
+}
+
+// mlp_gelu records its four f32 parameters as linear does: no Cast nodes, and gradients in f32.
+TEST(Autocast, MlpGeluWritesItsF32ParametersGradientsInF32WithoutCastNodes) {
+  Generator gen(6);
+  const Tensor x = randn({16, 24}, DType::f32, &gen).to(DType::bf16);
+  std::vector<Tensor> params = {randn({32, 24}, DType::f32, &gen), randn({32}, DType::f32, &gen),
+                                randn({8, 32}, DType::f32, &gen), randn({8}, DType::f32, &gen)};
+  for (Tensor& p : params) p.requires_grad_();
+  Tensor y;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    y = mlp_gelu(x, params[0], params[1], params[2], params[3]);
+  }
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  ASSERT_EQ(y.grad_fn()->name(), "MlpGeluBackward");
+  for (size_t i = 1; i <= 4; ++i) EXPECT_EQ(y.grad_fn()->next_edges[i].fn->name(), "AccumulateGrad") << "input " << i;
+  y.backward(ones({16, 8}, DType::bf16));
+  for (const Tensor& p : params) EXPECT_EQ(p.grad().dtype(), DType::f32);
 }
 
 TEST(AutocastCache, OperandCopiesAreCachedApartFromRecordedCasts) {
