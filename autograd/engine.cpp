@@ -1,5 +1,6 @@
 #include "autograd/engine.h"
 
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -102,7 +103,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     InputBuffer& buffer = buffers[n];
     if (buffer.empty()) buffer.resize(std::max<size_t>(n->output_meta.size(), 1));
     add_to_buffer(buffer, edge.input_nr, root_gradient(root, grads[i]));
-    root_nodes.push_back(n);
+    // Two outputs of one node (or one output twice) make it a root once: its edges are then
+    // counted once, as it runs once.
+    if (std::find(root_nodes.begin(), root_nodes.end(), n) == root_nodes.end()) root_nodes.push_back(n);
   }
 
   std::unordered_map<Node*, int> deps = count_dependencies(root_nodes);

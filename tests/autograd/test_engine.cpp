@@ -1,5 +1,6 @@
 // The backward engine: accumulation, retain_graph, no_grad, detach, hooks, the
 // errors it must raise, and deep graphs without recursion.
+#include "autograd/engine.h"
 #include "autograd/function.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
@@ -22,6 +23,24 @@ TEST(Engine, GradientsAccumulateAcrossUsesAndBackwardCalls) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3, 5}));
   sum(x * 3.0).backward();  // accumulates
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6, 8}));
+}
+
+// Backward from several outputs of one node (split's pieces, or the same output twice): the node
+// runs once with every root's gradient, and the leaves behind it get theirs. Each root once
+// counted the node's edges again, so the leaves waited for gradients that never came.
+TEST(Engine, RootsThatAreOutputsOfOneNodeReachTheLeavesBehindIt) {
+  Tensor x = from_vector({1.0, 2.0, 3.0, 4.0}, {4}, DType::f64).requires_grad_();
+  const std::vector<Tensor> pieces = split(x * 2.0, 2, 0);  // one SplitBackward, two outputs
+  autograd::run_backward({pieces[0], pieces[1]},
+                         {from_vector({1.0, 10.0}, {2}, DType::f64), from_vector({100.0, 1000.0}, {2}, DType::f64)},
+                         /*retain_graph=*/false);
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 20, 200, 2000}));
+  Tensor y = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+  const Tensor twice = y * 3.0;
+  const Tensor ones2 = from_vector({1.0, 1.0}, {2}, DType::f64);
+  autograd::run_backward({twice, twice}, {ones2, ones2}, /*retain_graph=*/false);
+  EXPECT_EQ(y.grad().to_vector<double>(), (std::vector<double>{6, 6}));
 }
 
 // Two gradients for one tensor are summed in place only into a buffer nobody else
