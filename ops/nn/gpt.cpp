@@ -252,6 +252,14 @@ void GPT::set_checkpointing(const GPTCheckpointing& checkpointing) {
   }
 }
 
+void GPT::set_fused_ops(bool on) {
+  for (const auto& block : transformer->blocks) {
+    block->ln_1->fuse_add = block->ln_2->fuse_add = on;
+    block->mlp->fused = on;
+  }
+  transformer->ln_f->fuse_add = on;
+}
+
 Tensor GPT::forward(const Tensor& ids) const {
   return linear(transformer->forward(ids), transformer->wte->weight);  // tied LM head: [B, T, V]
 }

@@ -30,7 +30,7 @@ Tensor MLP::forward(const Tensor& x) const {
   // subclass in either place, a missing bias) each layer's own forward.
   const Linear &fc = *c_fc, &proj = *c_proj;
   const bool plain = typeid(fc) == typeid(Linear) && typeid(proj) == typeid(Linear);
-  const Tensor y = plain && fc.bias.defined() && proj.bias.defined()
+  const Tensor y = fused && plain && fc.bias.defined() && proj.bias.defined()
                        ? mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias)
                        : c_proj->forward(hidden(x));
   return mt::dropout(y, dropout, is_training());

@@ -42,6 +42,8 @@ class MLP : public Module {
   std::shared_ptr<Linear> c_fc;    // [n_inner, C]
   std::shared_ptr<Linear> c_proj;  // [C, n_inner]
   double dropout;
+  // Off: never one mlp_gelu, always c_proj's forward of hidden(x) (GPT::set_fused_ops).
+  bool fused = true;
 };
 
 class CausalSelfAttention : public Module {

@@ -59,8 +59,10 @@ __device__ __forceinline__ T residual_sum(T x, D delta) {
 // x + delta, also written to sum.
 template <typename T, typename Y, typename D, NormKind kKind, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowBlock)
-    norm_forward_warp_kernel(Y* y, T* sum, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const D* delta,
-                             const T* weight, const T* bias, int64_t rows, int cols, acc_t<T> eps) {
+    norm_forward_warp_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
+                             acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x, const D* __restrict__ delta,
+                             const T* __restrict__ weight, const T* __restrict__ bias, int64_t rows, int cols,
+                             acc_t<T> eps) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -76,11 +78,19 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     } else {
       const D* dp = delta + r * cols + lane;
       T* sp = sum + r * cols + lane;
+      T xs[kPerLane];
+      D ds[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {  // every load issued before the first store
+        const bool in_row = lane + kLanes * j < cols;
+        xs[j] = in_row ? xp[kLanes * j] : T(0);
+        ds[j] = in_row ? dp[kLanes * j] : D(0);
+      }
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         v[j] = A(0);
         if (lane + kLanes * j >= cols) continue;
-        const T s = residual_sum(xp[kLanes * j], dp[kLanes * j]);
+        const T s = residual_sum(xs[j], ds[j]);
         sp[kLanes * j] = s;
         v[j] = convert<A>(s);
       }
@@ -113,12 +123,17 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   }
 }
 
-// The input gradient as stored: the norm's term rounded to T, plus dsum[at] (the sum output's
-// gradient) when there is one, rounded again: what the engine's sum of the two would store.
+// a + b, rounded once. nvcc would otherwise fuse a product feeding `a` with this add into one
+// FMA (one rounding instead of two), and the residual gradient below must equal the engine's
+// separate add of the two gradients bit for bit.
+__device__ __forceinline__ float add_unfused(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_unfused(double a, double b) { return __dadd_rn(a, b); }
+
+// The input gradient as stored when the sum output has a gradient dsum: the norm's term rounded
+// to T, plus dsum, rounded again: what the engine's sum of the two gradients would store.
 template <typename T>
-__device__ __forceinline__ T residual_grad(acc_t<T> norm_term, const T* dsum, int64_t at) {
-  if (dsum == nullptr) return convert<T>(norm_term);
-  return convert<T>(convert<acc_t<T>>(convert<T>(norm_term)) + convert<acc_t<T>>(dsum[at]));
+__device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
+  return convert<T>(add_unfused(convert<acc_t<T>>(convert<T>(norm_term)), dsum));
 }
 
 // The whole backward for rows of at most kPerLane * 32 columns, laid out as in
@@ -130,9 +145,10 @@ __device__ __forceinline__ T residual_grad(acc_t<T> norm_term, const T* dsum, in
 // is stored.
 template <typename T, typename G, typename D, NormKind kKind, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowBlock)
-    norm_backward_warp_kernel(T* dx, D* ddelta, acc_t<T>* dweight_part, acc_t<T>* dbias_part, const G* dy,
-                              const T* dsum, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight,
-                              int64_t rows, int cols) {
+    norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
+                              acc_t<T>* __restrict__ dbias_part, const G* __restrict__ dy, const T* __restrict__ dsum,
+                              const T* __restrict__ x, const acc_t<T>* __restrict__ mean,
+                              const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows, int cols) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kWarpRowBlock / kLanes;
@@ -173,9 +189,15 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     const A mean_gx = rowwise::warp_reduce(sum_gx, rowwise::Sum{}) * inv_cols;
     const int64_t at = r * cols + lane;
 #pragma unroll
+    for (int j = 0; j < kPerLane; ++j) g[j] = rs * (g[j] - mean_g - xhat[j] * mean_gx);  // the norm's term
+    if (dsum != nullptr) {  // xhat's registers take dsum, loaded before the first store
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) xhat[j] = lane + kLanes * j < cols ? convert<A>(dsum[at + kLanes * j]) : A(0);
+    }
+#pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       if (lane + kLanes * j >= cols) continue;
-      const T d = residual_grad(rs * (g[j] - mean_g - xhat[j] * mean_gx), dsum, at + kLanes * j);
+      const T d = dsum != nullptr ? residual_grad<T>(g[j], xhat[j]) : convert<T>(g[j]);
       dx[at + kLanes * j] = d;
       if (ddelta != nullptr) ddelta[at + kLanes * j] = convert<D>(convert<A>(d));
     }
@@ -204,8 +226,10 @@ __global__ void __launch_bounds__(kWarpRowBlock)
 // rounded once on the store instead of by a separate cast). With a delta the row is
 // x + delta, recomputed in each pass and written to sum in the last.
 template <typename T, typename Y, typename D, NormKind kKind>
-__global__ void norm_forward_kernel(Y* y, T* sum, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const D* delta,
-                                    const T* weight, const T* bias, int64_t rows, int64_t cols, acc_t<T> eps) {
+__global__ void norm_forward_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
+                                    acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x,
+                                    const D* __restrict__ delta, const T* __restrict__ weight,
+                                    const T* __restrict__ bias, int64_t rows, int64_t cols, acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -245,8 +269,10 @@ __global__ void norm_forward_kernel(Y* y, T* sum, acc_t<T>* mean_out, acc_t<T>* 
 // dy is read as G: x's dtype, or the half type a forward with a half y gave. The residual (see NormResidualGrad) is
 // added as dx is stored.
 template <typename T, typename G, typename D, NormKind kKind>
-__global__ void norm_backward_dx_kernel(T* dx, D* ddelta, const G* dy, const T* dsum, const T* x, const acc_t<T>* mean,
-                                        const acc_t<T>* rstd, const T* weight, int64_t rows, int64_t cols) {
+__global__ void norm_backward_dx_kernel(T* __restrict__ dx, D* __restrict__ ddelta, const G* __restrict__ dy,
+                                        const T* __restrict__ dsum, const T* __restrict__ x,
+                                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                        const T* __restrict__ weight, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   const A inv_cols = A(1) / static_cast<A>(cols);
@@ -268,7 +294,8 @@ __global__ void norm_backward_dx_kernel(T* dx, D* ddelta, const G* dy, const T* 
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const A gc = weight != nullptr ? convert<A>(gr[c]) * convert<A>(weight[c]) : convert<A>(gr[c]);
       const A xhat = (convert<A>(xr[c]) - mu) * rs;
-      const T d = residual_grad(rs * (gc - mean_g - xhat * mean_gx), dsum, r * cols + c);
+      const A term = rs * (gc - mean_g - xhat * mean_gx);
+      const T d = dsum != nullptr ? residual_grad<T>(term, convert<A>(dsum[r * cols + c])) : convert<T>(term);
       dr[c] = d;
       if (ddelta != nullptr) ddelta[r * cols + c] = convert<D>(convert<A>(d));
     }

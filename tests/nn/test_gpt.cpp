@@ -431,6 +431,34 @@ TEST(GPT, FusedMlpGivesTheUnfusedLossAndGradients) {
   }
 }
 
+// GPT::set_fused_ops(false) swaps add_layer_norm for add and layer_norm, and mlp_gelu for
+// linear_gelu and linear: on the CPU the same loss and gradients bit for bit, fully trained
+// and with LoRA on c_attn.
+TEST(GPT, UnfusedOpsGiveTheFusedLossAndGradients) {
+  for (const bool lora : {false, true}) {
+    std::vector<std::vector<double>> results[2];
+    for (const bool fused : {true, false}) {
+      Generator g(44);
+      GPT model(tiny_config(), &g);
+      if (lora) {
+        LoRAOptions options;
+        options.r = 2;
+        options.target_modules = {"c_attn"};
+        apply_lora(model, options, &g);
+      }
+      model.set_fused_ops(fused);
+      const Block& block = *model.transformer->blocks[0];
+      const Tensor x = randn({2, 3, tiny_config().n_embd}, DType::f32, &g).requires_grad_();
+      EXPECT_EQ(block.mlp->forward(x).grad_fn()->name(), fused ? "MlpGeluBackward" : "LinearBackward");
+      EXPECT_EQ(block.ln_2->forward_add(x, x).normed.grad_fn()->name(),
+                fused ? "AddLayerNormBackward" : "LayerNormBackward");
+      results[fused] = loss_and_gradients(model, random_ids(2, 16, tiny_config().vocab_size, 45));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    EXPECT_EQ(results[0], results[1]) << (lora ? "LoRA on c_attn" : "full training");
+  }
+}
+
 TEST(GPT, CheckpointingModesParseAndBadOnesAreNamed) {
   EXPECT_EQ(GPTCheckpointing::parse("blocks:3").every, 3);
   EXPECT_EQ(GPTCheckpointing::parse("selective").str(), "selective");

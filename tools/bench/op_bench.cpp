@@ -6,6 +6,9 @@
 //   gemm           y = x W^T               x [rows, width], W [4 width, width] (the MLP's c_fc), forward
 //   gemm_bias      y = x W^T + b           the same, with the bias in cuBLASLt's epilogue, forward
 //   layer_norm     layer_norm(x, w, b)     x [rows, width], forward + backward of a random dy
+//   add_layer_norm the transformer's residual add and norm: add_layer_norm(x, delta, w, b) with
+//                  an f32 residual stream x and parameters, delta and the normed output in
+//                  --dtype, forward + backward of random gradients of both outputs
 //   attention      causal SDPA             q, k, v [batch, heads, seq, width / heads], forward +
 //                                          backward of a random dO
 //   attention_bthd the same, q, k, v and dO stored [batch, seq, heads, width / heads] and seen
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "core/cuda_context.h"
 #include "examples/gpt/trainer.h"
 #include "ops/ops.h"
@@ -46,8 +50,8 @@
 
 namespace {
 
-const std::vector<std::string> kOps = {"gemm",           "gemm_bias",     "layer_norm", "attention",
-                                       "attention_bthd", "cross_entropy", "adamw"};
+const std::vector<std::string> kOps = {"gemm",      "gemm_bias",      "layer_norm",    "add_layer_norm",
+                                       "attention", "attention_bthd", "cross_entropy", "adamw"};
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
@@ -235,6 +239,38 @@ Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes
   const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
   const double es = static_cast<double>(mt::element_size(dtype));
   m.bytes = es * (5 * R * C + 5 * C) + 2 * 2 * R * 4;
+  return m;
+}
+
+Measurement bench_add_layer_norm(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(5);
+  const mt::DType f32 = mt::DType::f32;
+  std::vector<mt::Tensor> x, delta, w, b, dsum, dy;  // per input set: [R, C] x 2, [C] x 2, [R, C] x 2
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, f32, true), &generator));
+    delta.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator));
+    w.push_back(mt::randn({s.width}, on(timing.device, f32, true), &generator));
+    b.push_back(mt::randn({s.width}, on(timing.device, f32, true), &generator));
+    dsum.push_back(mt::randn({s.rows, s.width}, on(timing.device, f32), &generator));
+    dy.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+  }
+  Measurement m;
+  m.op = "add_layer_norm";
+  m.shape = mt::shape_str(x[0].shape()) + " f32 + " + mt::dtype_name(dtype) + " fwd+bwd";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        const mt::AddNorm r = mt::add_layer_norm(x[k], delta[k], w[k], b[k], 1e-5, dtype);
+        mt::autograd::run_backward({r.sum, r.normed}, {dsum[k], dy[k]}, /*retain_graph=*/false);
+        clear_grads({x[k], delta[k], w[k], b[k]});
+      },
+      &m);
+  // Bytes per element: forward reads x (f32) and delta, writes the sum (f32) and y; backward
+  // reads dy, the sum and dsum (f32), writes dx (f32) and ddelta: 5 f32 and 4 low-precision
+  // rows. Parameters and statistics as layer_norm's, in f32.
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.bytes = (5 * 4 + 4 * es) * R * C + 4 * 5 * C + 2 * 2 * R * 4;
   return m;
 }
 
@@ -470,6 +506,8 @@ int main(int argc, char** argv) {
         m = bench_gemm(timing, dtype, s, /*with_bias=*/op == "gemm_bias");
       } else if (op == "layer_norm") {
         m = bench_layer_norm(timing, dtype, s);
+      } else if (op == "add_layer_norm") {
+        m = bench_add_layer_norm(timing, dtype, s);
       } else if (op == "attention" || op == "attention_bthd") {
         m = bench_attention(timing, dtype, s, /*bthd=*/op == "attention_bthd");
       } else if (op == "cross_entropy") {
