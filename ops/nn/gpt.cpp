@@ -269,7 +269,10 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
              " must have the shape of ids ", shape_str(ids.shape()));
   // The tied head and the loss fused: the [B*T, V] logits exist one chunk at a time.
   const Tensor hidden = transformer->forward(ids);  // [B, T, C]
-  return linear_cross_entropy(hidden.reshape({-1, config_.n_embd}), transformer->wte->weight, targets.reshape({-1}));
+  LinearCrossEntropyOptions options;
+  options.chunk_rows = head_chunk_rows;
+  return linear_cross_entropy(hidden.reshape({-1, config_.n_embd}), transformer->wte->weight, targets.reshape({-1}),
+                              options);
 }
 
 // ------------------------------------------------------------------ Hugging Face files

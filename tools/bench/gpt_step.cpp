@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
                  "hides the last all-reduce) or after (synchronize, then the optimizer)")
       ->capture_default_str()
       ->check(CLI::IsMember({"overlapped", "after"}));
+  int64_t head_chunk_rows = 0;
+  app.add_option("--head-chunk-rows", head_chunk_rows,
+                 "rows of logits the fused LM head forms at a time (0: linear_cross_entropy's default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   bool unfused = false;
   app.add_flag("--unfused", unfused,
                "separate add, layer_norm, linear_gelu and linear ops in place of add_layer_norm and mlp_gelu "
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
       mt::nn::apply_lora(model, lora, &init);
     }
     model.set_fused_ops(!unfused);
+    model.head_chunk_rows = head_chunk_rows;
     std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s; %s\n",
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),

@@ -58,7 +58,8 @@ struct Shapes {
   int64_t width = 768;
   int64_t batch = 16, seq = 1024, heads = 12;  // attention; seq is also wpe's length in adamw
   int64_t vocab = 50304;
-  int64_t layers = 12;  // adamw's parameter set
+  int64_t layers = 12;        // adamw's parameter set
+  int64_t ce_chunk_rows = 0;  // cross_entropy's chunk_rows (0: the op's default)
 };
 
 struct Timing {
@@ -323,11 +324,14 @@ Measurement bench_cross_entropy(const Timing& timing, mt::DType dtype, const Sha
   }
   Measurement m;
   m.op = "cross_entropy";
-  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T fwd+bwd";
+  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T fwd+bwd" +
+            (s.ce_chunk_rows > 0 ? ", chunks of " + std::to_string(s.ce_chunk_rows) : "");
   m.ms = time_op_ms(
       timing, timing.sets,
       [&](int64_t k) {
-        mt::linear_cross_entropy(x[k], w[k], target[k]).backward();
+        mt::LinearCrossEntropyOptions options;
+        options.chunk_rows = s.ce_chunk_rows;
+        mt::linear_cross_entropy(x[k], w[k], target[k], options).backward();
         clear_grads({x[k], w[k]});
       },
       &m);
@@ -444,6 +448,10 @@ int main(int argc, char** argv) {
   app.add_option("--rows", s.rows, "rows (B * T) of gemm, layer_norm and cross_entropy")
       ->capture_default_str()
       ->check(gpt_example::positive());
+  app.add_option("--ce-chunk-rows", s.ce_chunk_rows,
+                 "cross_entropy's rows of logits at a time (0: linear_cross_entropy's default)")
+      ->capture_default_str()
+      ->check(gpt_example::non_negative());
   app.add_option("--width", s.width, "model width C")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--batch", s.batch, "attention batch B")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--seq", s.seq, "attention sequence length T (also wpe's rows in adamw)")
