@@ -320,6 +320,35 @@ TEST(AutocastCache, OperandCopiesAreCachedApartFromRecordedCasts) {
   EXPECT_TRUE(recorded.requires_grad());  // a Cast node's output
 }
 
+// A frozen weight (an f32 leaf that does not require grad, as a LoRA base's) is copied once for
+// all regions while it is unchanged and frozen: a later step reuses the copy; an in-place
+// change, or unfreezing it, makes a new one (and the unfrozen weight gets its gradient).
+TEST(AutocastCache, FrozenOperandCopiesOutliveTheRegionUntilTheWeightChanges) {
+  Tensor w = ones({3, 4});  // frozen
+  const Tensor x = ones({2, 4}, DType::bf16);
+  const auto step = [&] {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    const uint64_t before = autocast::cast_count();
+    const Tensor y = linear(x, w);
+    return std::make_pair(autocast::cast_count() - before, y);
+  };
+  EXPECT_EQ(step().first, 1u);
+  EXPECT_EQ(step().first, 0u) << "the second region reuses the frozen weight's copy";
+  {
+    NoGradGuard no_grad;
+    w.fill_(2.0);  // the version changes
+  }
+  const auto [casts, y] = step();
+  EXPECT_EQ(casts, 1u);
+  EXPECT_EQ(y.to_vector<double>()[0], 16.0);  // 4 x 2 x 2: the new values, not the stale copy
+  w.requires_grad_();
+  const auto [casts_trainable, y_trainable] = step();
+  EXPECT_EQ(casts_trainable, 1u) << "a trainable weight is not served the frozen copy";
+  sum(y_trainable).backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+}
+
 TEST(AutocastCache, NonParametersAreNotCached) {
   const Tensor activation = ones({4});  // does not require grad
   AutocastGuard amp(DeviceType::cpu, DType::f16);
