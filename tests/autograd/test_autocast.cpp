@@ -340,7 +340,7 @@ TEST(AutocastCache, FrozenOperandCopiesOutliveTheRegionUntilTheWeightChanges) {
   }
   const auto [casts, y] = step();
   EXPECT_EQ(casts, 1u);
-  EXPECT_EQ(y.to_vector<double>()[0], 16.0);  // 4 x 2 x 2: the new values, not the stale copy
+  EXPECT_EQ(y.to_vector<double>()[0], 8.0);  // 4 x (1 x 2): the new values, not the stale copy
   w.requires_grad_();
   const auto [casts_trainable, y_trainable] = step();
   EXPECT_EQ(casts_trainable, 1u) << "a trainable weight is not served the frozen copy";
