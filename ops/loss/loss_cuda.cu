@@ -244,6 +244,9 @@ int64_t staged_row_limit(int device) {
     cuda::DeviceGuard on_device(device);
     MT_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_unit_grad_staged_kernel<T, I>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    // All of the unified L1 / shared memory as shared memory: room for two staged rows.
+    MT_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_unit_grad_staged_kernel<T, I>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     limit[device] = bytes;
   });
   return limit[device];
