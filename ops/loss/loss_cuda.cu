@@ -3,9 +3,7 @@
 // backward; one block for the reduction to a scalar. Nothing here waits for the
 // device: the count of non-ignored rows stays in device memory and the backward
 // reads it there.
-#include <algorithm>
 #include <limits>
-#include <mutex>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -156,102 +154,6 @@ __global__ void cross_entropy_unit_grad_kernel(acc_t<T>* loss, acc_t<T>* lse, T*
   }
 }
 
-// The same for rows of up to kMaxStagedRowBytes: the row is copied into shared memory as it is
-// read (with the running max), so memory sees it read once and written once, and the sum of
-// exp(logit - max) and the rewrite read the copy. Two plain passes, no per-element rescaling or
-// branch: the kernel above, which also reads the row twice, ran GPT-2's head (50304 classes) at
-// a third of copy bandwidth. Logits of -inf (masked classes) add nothing to the sum, as above.
-constexpr int kStagedThreads = 512;
-// 2 x 112 KiB fit the 228 KiB of shared memory of an sm_90 multiprocessor (sm_80: 164 KiB, one
-// block): two blocks per multiprocessor overlap one row's reads with another's arithmetic. A
-// device whose blocks may have less (sm_89: 99 KiB) stages rows up to its own limit.
-constexpr int64_t kMaxStagedRowBytes = 112 * 1024;
-
-template <typename T, typename I>
-__global__ void __launch_bounds__(kStagedThreads)
-    cross_entropy_unit_grad_staged_kernel(acc_t<T>* loss, acc_t<T>* lse, T* logits, const I* target, int64_t rows,
-                                          int64_t classes, int64_t ignore_index) {
-  using A = acc_t<T>;
-  constexpr int N = cuda::pack_size<T>();
-  using P = cuda::Pack<T, N>;
-  constexpr A kMinusInf = -std::numeric_limits<A>::infinity();
-  extern __shared__ __align__(16) unsigned char staged_bytes[];
-  P* staged = reinterpret_cast<P*>(staged_bytes);
-  __shared__ A scratch[rowwise::kWarpSize];
-  const int packs = static_cast<int>(classes / N);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    P* x = reinterpret_cast<P*>(logits + r * classes);
-    A m = kMinusInf;
-#pragma unroll 4
-    for (int c = static_cast<int>(threadIdx.x); c < packs; c += kStagedThreads) {
-      const P v = x[c];
-      staged[c] = v;
-#pragma unroll
-      for (int k = 0; k < N; ++k) m = fmax(m, convert<A>(v.v[k]));  // NaN logits are skipped, as above
-    }
-    const A row_max = rowwise::block_reduce(m, rowwise::Max{}, scratch);  // its barrier publishes `staged`
-    A s = 0;
-#pragma unroll 4
-    for (int c = static_cast<int>(threadIdx.x); c < packs; c += kStagedThreads) {
-      const P v = staged[c];
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const A a = convert<A>(v.v[k]);
-        s += a > kMinusInf ? math::exp(a - row_max) : A(0);
-      }
-    }
-    const A row_sum = rowwise::block_reduce(s, rowwise::Sum{}, scratch);
-    const A l = row_max + math::log(row_sum);
-    const auto t = static_cast<int64_t>(target[r]);
-    const bool ignored = t == ignore_index;
-    const bool invalid = !ignored && (t < 0 || t >= classes);
-    if (threadIdx.x == 0) {
-      lse[r] = l;
-      if (ignored || invalid) loss[r] = ignored ? A(0) : std::numeric_limits<A>::quiet_NaN();
-    }
-    // The thread rewriting the target's pack writes the row's loss (from the staged copy; the
-    // row in memory is being overwritten meanwhile).
-#pragma unroll 4
-    for (int c = static_cast<int>(threadIdx.x); c < packs; c += kStagedThreads) {
-      P v = staged[c];
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const A a = convert<A>(v.v[k]);
-        const bool is_target = int64_t{c} * N + k == t;
-        if (is_target && !ignored) loss[r] = l - a;  // an invalid target matches no class
-        v.v[k] = convert<T>(unit_loss_grad(a, l, is_target, ignored, invalid));
-      }
-      x[c] = v;
-    }
-    __syncthreads();  // every read of `staged` done before the next row overwrites it
-  }
-}
-
-// The longest row (bytes) the staged kernel for T, I takes on `device`: kMaxStagedRowBytes or the
-// device's per-block limit, whichever is less. The first call per device lets the kernel ask
-// for that much shared memory (launches may otherwise ask for 48 KiB).
-template <typename T, typename I>
-int64_t staged_row_limit(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::once_flag once[kMaxDevices];
-  static int64_t limit[kMaxDevices];
-  MT_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "cross_entropy: device index ", device);
-  std::call_once(once[device], [device] {
-    int optin = 0;
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    // The kernel's own reduction scratch comes out of the same shared memory.
-    const int64_t bytes = std::min<int64_t>(kMaxStagedRowBytes, int64_t{optin} - 1024);
-    cuda::DeviceGuard on_device(device);
-    MT_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_unit_grad_staged_kernel<T, I>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    // All of the unified L1 / shared memory as shared memory: room for two staged rows.
-    MT_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_unit_grad_staged_kernel<T, I>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    limit[device] = bytes;
-  });
-  return limit[device];
-}
-
 // out = in * g (/ count): in is T or acc_t<T> (see loss_kernels.h).
 template <typename T, typename In>
 __global__ void scale_by_loss_grad_kernel(T* out, const In* in, const acc_t<T>* grad, const int64_t* count, int64_t n) {
@@ -337,15 +239,6 @@ void cross_entropy_unit_grad_inplace_cuda(const Tensor& loss, const Tensor& lse,
     const bool packed = classes % N == 0 && cuda::aligned_to(logits.data_ptr(), 16);
     dispatch_index(target.dtype(), kOp, [&](auto index_tag) {
       using I = typename decltype(index_tag)::type;
-      const int64_t row_bytes = classes * static_cast<int64_t>(sizeof(T));
-      if (packed && row_bytes <= staged_row_limit<T, I>(logits.device().index)) {
-        cross_entropy_unit_grad_staged_kernel<T, I>
-            <<<rowwise::row_grid(rows), kStagedThreads, static_cast<size_t>(row_bytes), stream.handle()>>>(
-                static_cast<A*>(loss.data_ptr()), static_cast<A*>(lse.data_ptr()), static_cast<T*>(logits.data_ptr()),
-                static_cast<const I*>(target.data_ptr()), rows, classes, ignore_index);
-        MT_CUDA_CHECK_LAUNCH();
-        return;
-      }
       auto* kernel = packed ? cross_entropy_unit_grad_kernel<T, I, true> : cross_entropy_unit_grad_kernel<T, I, false>;
       kernel<<<rowwise::row_grid(rows), rowwise::row_block_threads(packed ? classes / N : classes), 0,
                stream.handle()>>>(static_cast<A*>(loss.data_ptr()), static_cast<A*>(lse.data_ptr()),

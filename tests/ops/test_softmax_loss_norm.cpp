@@ -787,24 +787,6 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, SoftmaxLossNormCudaLarge,
                            return std::string(dtype_name(info.param));
                          });
 
-// linear_cross_entropy whose rows of logits go through shared memory (whole 16-byte packs, at
-// most 112 KiB a row): the padded GPT-2 vocabulary (50304) in bf16 and f16, shorter rows in f32
-// and f64; targets at both ends of the row and an ignored row.
-TEST(LinearCrossEntropyCuda, RowsStagedInSharedMemoryMatchF64Cpu) {
-  MT_SKIP_WITHOUT_CUDA();
-  for (const DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
-    const int64_t vocab = dtype == DType::f64 ? 12000 : dtype == DType::f32 ? 24000 : 50304;
-    Generator gen(13);
-    const Tensor x = randn({40, 768}, DType::f64, &gen) * 2.0, w = randn({vocab, 768}, DType::f64, &gen) * 0.02;
-    std::vector<double> t(40);
-    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<double>((i * 7919) % vocab);
-    t[0] = static_cast<double>(vocab - 1), t[1] = 0, t[2] = -100;
-    expect_cuda_matches_f64("linear_cross_entropy_staged_rows", {x, w}, from_vector(t, {40}, DType::i64), dtype,
-                            tolerance_for(dtype),
-                            [](const In& in) { return linear_cross_entropy(in[0], in[1], in[2]); });
-  }
-}
-
 TEST(SoftmaxLossNormCuda, OutOfRangeTargetGivesNanRowWithoutSync) {
   MT_SKIP_WITHOUT_CUDA();
   Tensor x = raw::to(from_vector({1, 2, 3, 4, 5, 6}, {2, 3}), cuda_device(0)).requires_grad_();
