@@ -21,6 +21,7 @@ struct CacheEntry {
   std::weak_ptr<TensorImpl> source;  // identity check: a freed and reused address is not a hit
   uint64_t version = 0;
   Tensor cast;
+  bool kept = false;  // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
 };
 
 struct AutocastState {
@@ -39,11 +40,16 @@ DeviceTypeState& for_type(DeviceType t) { return t_state.per_type[static_cast<in
 // copy, for an op that records t itself and writes its gradient in t's dtype).
 Tensor cast_to(const Tensor& t, DType target, bool recorded) {
   if (t.dtype() == target) return t;
-  const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf();
+  // Unrecorded copies of frozen leaves are kept across regions (operand_copies: parameters).
+  const bool kept = !recorded && t.dtype() == DType::f32 && !t.requires_grad() && t.is_leaf();
+  const bool cacheable = kept || (t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf());
   const auto key = std::make_tuple(static_cast<const TensorImpl*>(t.impl()), target, recorded);
   if (cacheable) {
     auto it = t_state.cache.find(key);
-    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() && it->second.version == t.version()) {
+    // A kept copy serves only while its tensor is still frozen; a cached trainable one only
+    // while the tensor still requires grad.
+    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() && it->second.version == t.version() &&
+        it->second.kept == kept) {
       return it->second.cast;
     }
   }
@@ -55,7 +61,7 @@ Tensor cast_to(const Tensor& t, DType target, bool recorded) {
     cast = t.to(target);
   }
   ++t_state.casts;
-  if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.version(), cast};
+  if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.version(), cast, kept};
   return cast;
 }
 
@@ -75,7 +81,15 @@ AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled)
 AutocastGuard::~AutocastGuard() {
   for_type(device_type_).enabled = previous_enabled_;
   for_type(device_type_).dtype = previous_dtype_;
-  if (--t_state.depth == 0) t_state.cache.clear();
+  if (--t_state.depth == 0) {
+    // Kept copies stay while their tensor lives and is unchanged; everything else goes.
+    for (auto it = t_state.cache.begin(); it != t_state.cache.end();) {
+      const CacheEntry& e = it->second;
+      const std::shared_ptr<TensorImpl> source = e.source.lock();
+      const bool keep = e.kept && source != nullptr && source->storage->version() == e.version;
+      it = keep ? std::next(it) : t_state.cache.erase(it);
+    }
+  }
 }
 
 namespace autocast {

@@ -15,7 +15,7 @@
 // f64 and integer tensors are never touched. Casts are recorded before the op,
 // so backward sees the low-precision saved tensors and the gradient of a cast
 // input comes back in the input's own dtype. The GEMM ops with parameters (linear,
-// linear_gelu, lora_linear, linear_cross_entropy) take their parameters' copies
+// linear_gelu, mlp_gelu, lora_linear, linear_cross_entropy) take their parameters' copies
 // unrecorded (operand_copies) and write those parameters' gradients in their own
 // dtype themselves: an f32 weight gets its gradient from the GEMM in f32, never
 // rounded to bf16 and widened by a second pass.
@@ -25,7 +25,11 @@
 // the cast is cached by tensor identity and storage version, so an in-place
 // update (an optimizer step inside the region) invalidates it (the bug of
 // PyTorch issues 65766 and 158232). The cache is cleared when the outermost
-// region exits.
+// region exits, except for the copies operand_copies made of frozen f32 leaves
+// (requires_grad false: a LoRA base's weights, a frozen tied embedding): those stay
+// for the next region while their tensor lives, is unchanged (same version) and
+// stays frozen, so a frozen base is cast once, not at every step. They cost the
+// memory of one low-precision copy per frozen weight.
 #pragma once
 
 #include <cstdint>

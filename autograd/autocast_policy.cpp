@@ -18,6 +18,7 @@ constexpr Entry kPolicy[] = {
     {"bmm", P::lower_precision},
     {"linear", P::lower_precision},
     {"linear_gelu", P::lower_precision},
+    {"mlp_gelu", P::lower_precision},
     {"lora_linear", P::lower_precision},
     {"linear_cross_entropy", P::lower_precision},  // GEMMs low; its loss is f32 regardless
     {"conv2d", P::lower_precision},
@@ -30,6 +31,8 @@ constexpr Entry kPolicy[] = {
     {"softplus", P::fp32},
     {"layer_norm", P::fp32},
     {"rms_norm", P::fp32},
+    {"add_layer_norm", P::fp32},  // x and the parameters; delta is read as it is
+    {"add_rms_norm", P::fp32},
     {"softmax", P::fp32},
     {"log_softmax", P::fp32},
     {"cross_entropy", P::fp32},

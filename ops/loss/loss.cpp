@@ -152,7 +152,11 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
 namespace {
 
 constexpr const char* kFusedOp = "linear_cross_entropy";
-constexpr int64_t kChunkLogitBytes = int64_t{256} << 20;
+// One chunk's logits: about 1 GiB. GPT-2's head (50304 classes, B*T = 16384) then runs in two
+// chunks of 8192 rows. Chunks of 256 MiB (seven of 2341 rows) left the dx GEMM [2341, 768]
+// fewer output tiles than the GPU has multiprocessors, and every further chunk re-reads and
+// re-writes the f32 dW [V, C] it adds to.
+constexpr int64_t kChunkLogitBytes = int64_t{1} << 30;
 
 void validate_fused(const Tensor& x, const Tensor& weight, const Tensor& target, const LinearCrossEntropyOptions& o) {
   ops::check_floating(kFusedOp, x);

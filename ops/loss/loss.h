@@ -49,7 +49,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 struct LinearCrossEntropyOptions {
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::mean;
-  int64_t chunk_rows = 0;  // 0: as many rows as keep one chunk of logits near 256 MiB
+  int64_t chunk_rows = 0;  // 0: as many rows as keep one chunk of logits near 1 GiB
 };
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
                             const LinearCrossEntropyOptions& options = {});

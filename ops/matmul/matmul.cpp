@@ -123,6 +123,19 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   // The GELU by the element-wise loop, from the pre-activation the GEMM wrote: on the CPU,
   // and wherever the epilogue cannot serve. fn::GeluTanh is the formula gelu() runs too.
   const auto apply_gelu = [&] { run_unary(out, pre, "gelu", fn::GeluTanh{}); };
+  const Tensor& gelu_input = args.gelu_backward_pre_activation;
+  const bool with_gelu_grad = gelu_input.defined();
+  if (with_gelu_grad) {
+    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && !args.a_row_sums.defined() &&
+                           !with_gelu && gelu_input.shape() == out.shape() && gelu_input.dtype() == out.dtype() &&
+                           gelu_input.device() == out.device() && gelu_input.is_contiguous(),
+                       "gemm: GELU backward pre-activation ", describe(gelu_input), " for out ", describe(out),
+                       " with beta ", args.beta, (args.bias.defined() ? " and a bias" : ""));
+  }
+  // The GELU's derivative by the element-wise loop, in place over the product the GEMM wrote:
+  // on the CPU, and wherever the epilogue cannot serve. fn::GeluTanhGrad is what gelu()'s
+  // backward runs, (gradient, input) -> gradient * gelu_tanh'(input).
+  const auto apply_gelu_grad = [&] { run_binary(out, out, gelu_input, "gelu", fn::GeluTanhGrad{}); };
   if (out.numel() == 0) {
     reduce_row_sums();
     return;
@@ -139,6 +152,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       target.copy_(mul(out, args.beta));
     }
     if (with_gelu) apply_gelu();
+    if (with_gelu_grad) apply_gelu_grad();
     return;
   }
 
@@ -148,9 +162,15 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   // not document how accurately its epilogue computes the GELU, and f32 is held to f32
   // accuracy while f16/bf16 round far more coarsely. Otherwise the product and bias go to
   // the pre-activation and the GELU is a second pass.
-  const bool fused_gelu = with_gelu && out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
-                          reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 == 0;
+  const auto epilogue_can_read = [&](const Tensor& gelu_matrix) {
+    return out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(gelu_matrix.data_ptr()) % 16 == 0;
+  };
+  const bool fused_gelu = with_gelu && epilogue_can_read(pre);
   if (fused_gelu) p.gelu_pre_activation = pre;
+  // The GELU's derivative likewise, by the DGELU epilogue reading the pre-activation under the
+  // same rules (f16/bf16 for the same reason); otherwise a second pass over out.
+  if (with_gelu_grad && epilogue_can_read(gelu_input)) p.gelu_backward_pre_activation = gelu_input;
   // Where the product (and bias) is written: out, or the pre-activation when the GELU comes after.
   const Tensor product_out = with_gelu && !fused_gelu ? pre : out;
   const bool row_sums = args.a_row_sums.defined();
@@ -185,17 +205,20 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   p.a = make_operand(a, batch);
   p.b = make_operand(b, batch);
   p.c = output_operand(product_out);
-  bool epilogue_ran = false;  // p's optional epilogue (the row sums or the GELU; never both) ran in the GEMM
+  // p's optional epilogue (the row sums, the GELU or its derivative; one at most) ran in the GEMM.
+  bool epilogue_ran = false;
   if (out.is_cuda()) {
 #if MT_WITH_CUDA
     if (gemm_cuda(p)) {
-      epilogue_ran = p.a_row_sums.defined() || p.gelu_pre_activation.defined();
+      epilogue_ran =
+          p.a_row_sums.defined() || p.gelu_pre_activation.defined() || p.gelu_backward_pre_activation.defined();
     } else {
       // No algorithm with that epilogue: the plain GEMM (its bias still in the epilogue), then
       // the epilogue's work below.
       GemmProblem plain = p;
       plain.a_row_sums = Tensor();
       plain.gelu_pre_activation = Tensor();
+      plain.gelu_backward_pre_activation = Tensor();
       if (with_gelu) plain.c = output_operand(pre);
       const bool written = gemm_cuda(plain);
       MT_INTERNAL_ASSERT(written, "gemm: a GEMM without an optional epilogue must always run");
@@ -208,6 +231,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   }
   if (row_sums && !epilogue_ran) reduce_row_sums();
   if (with_gelu && !epilogue_ran) apply_gelu();
+  if (with_gelu_grad && !epilogue_ran) apply_gelu_grad();
 }
 
 }  // namespace ops
@@ -381,26 +405,50 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-// linear's checks (also lora_linear's for its base); returns the promoted dtype.
-DType check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  ops::check_floating(op, x);
+// What a layer's parameters are called in its errors: mlp_gelu has two layers.
+struct ParameterNames {
+  const char* weight = "weight";
+  const char* bias = "bias";
+};
+
+// A weight [out, in] on x's device.
+void check_weight(const char* op, const Tensor& x, const Tensor& weight, const char* name) {
   ops::check_floating(op, weight);
   ops::check_same_device(op, x, weight);
-  MT_CHECK_T(ShapeError, weight.dim() == 2, op, ": weight must be 2-D [out, in], got ", ops::describe(weight));
+  MT_CHECK_T(ShapeError, weight.dim() == 2, op, ": ", name, " must be 2-D [out, in], got ", ops::describe(weight));
+}
+
+// A bias [out] for weight [out, in] on x's device, or none; returns dtype promoted with it.
+DType check_bias(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, const ParameterNames& names,
+                 DType dtype) {
+  if (!bias.defined()) return dtype;
+  ops::check_floating(op, bias);
+  ops::check_same_device(op, x, bias);
+  MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": ", names.bias, " must have shape [",
+             weight.size(0), "] to match ", names.weight, " ", shape_str(weight.shape()), ", got ",
+             shape_str(bias.shape()));
+  return promote_types(dtype, bias.dtype());
+}
+
+// For the ops with a GELU: the GEMM's epilogue adds the bias before the GELU, so there must be one.
+void require_bias(const char* op, const Tensor& weight, const Tensor& bias, const ParameterNames& names,
+                  const char* instead) {
+  MT_CHECK(bias.defined(), op, ": ", names.bias, " is an undefined tensor; it must be [", weight.size(0), "] for ",
+           names.weight, " ", shape_str(weight.shape()), " (without a bias, ", instead, ")");
+}
+
+// linear's checks (also lora_linear's for its base, mlp_gelu's for its first layer); returns
+// the promoted dtype.
+DType check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const ParameterNames& names = {}) {
+  ops::check_floating(op, x);
+  check_weight(op, x, weight, names.weight);
   MT_CHECK_T(ShapeError, x.dim() >= 1, op, ": input must have at least one dimension [..., in], got ",
              ops::describe(x));
-  MT_CHECK_T(ShapeError, x.size(-1) == weight.size(1), op, ": input ", shape_str(x.shape()), " and weight ",
+  MT_CHECK_T(ShapeError, x.size(-1) == weight.size(1), op, ": input ", shape_str(x.shape()), " and ", names.weight, " ",
              shape_str(weight.shape()), " cannot be multiplied (in features: ", x.size(-1), " != ", weight.size(1),
              ")");
-  DType dtype = promote_types(x.dtype(), weight.dtype());
-  if (bias.defined()) {
-    ops::check_floating(op, bias);
-    ops::check_same_device(op, x, bias);
-    MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": bias must have shape [",
-               weight.size(0), "] to match weight ", shape_str(weight.shape()), ", got ", shape_str(bias.shape()));
-    dtype = promote_types(dtype, bias.dtype());
-  }
-  return dtype;
+  return check_bias(op, x, weight, bias, names, promote_types(x.dtype(), weight.dtype()));
 }
 
 // y [1, P, out] = x [P, in] W^T + b, no recording; the bias in the GEMM's epilogue on CUDA.
@@ -497,6 +545,19 @@ Shape leading_dims_and(const Tensor& x, int64_t last) {
   return shape;
 }
 
+// linear_gelu's forward, h = gelu_tanh(x W^T + b) into h (P rows of out features, any shape
+// of that size), in dtype; returns the pre-activation x W^T + b [P, out] written beside it.
+// On CUDA in f16/bf16 one GEMM writes both (cuBLASLt's GELU_AUX_BIAS epilogue), applying the
+// GELU to the f32 accumulator plus bias; gelu(linear(...)) rounds the pre-activation to the
+// output dtype first and applies the GELU to that. The two differ by that one rounding, well
+// within the op contract's bf16/f16 tolerances; everywhere else they are the same computation.
+Tensor linear_gelu_forward(const Tensor& h, const LinearOperands& o, DType dtype, int64_t p) {
+  const int64_t in = o.w.size(1), out_features = o.w.size(0);
+  const Tensor pre = empty({p, out_features}, ops::options_of(h));
+  linear_forward(raw::view(h, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in, raw::unsqueeze(pre, 0));
+  return pre;
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
@@ -521,18 +582,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
 Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const LinearOperands o = linear_operands("linear_gelu", x_in, weight_in, bias_in);
   const DType dtype = check_linear("linear_gelu", o.x, o.w, o.b);
-  MT_CHECK(o.b.defined(), "linear_gelu: the bias is an undefined tensor; it must be [", o.w.size(0), "] for weight ",
-           shape_str(o.w.shape()), " (without a bias, use gelu(linear(x, weight), GeluApproximation::tanh))");
+  require_bias("linear_gelu", o.w, o.b, {}, "use gelu(linear(x, weight), GeluApproximation::tanh)");
   const int64_t in = o.w.size(1), out_features = o.w.size(0);
   const int64_t p = leading_rows(o.x);
-  const TensorOptions options = TensorOptions().dtype(dtype).device(o.x.device());
-  Tensor out = empty(leading_dims_and(o.x, out_features), options);  // h [..., out]
-  const Tensor pre = empty({p, out_features}, options);              // x W^T + b, the GELU's input
-  // On CUDA in f16/bf16 one GEMM writes both (cuBLASLt's GELU_AUX_BIAS epilogue), applying the
-  // GELU to the f32 accumulator plus bias; gelu(linear(...)) rounds the pre-activation to the
-  // output dtype first and applies the GELU to that. The two differ by that one rounding, well
-  // within the op contract's bf16/f16 tolerances; everywhere else they are the same computation.
-  linear_forward(raw::view(out, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in, raw::unsqueeze(pre, 0));
+  Tensor out = empty(leading_dims_and(o.x, out_features), TensorOptions().dtype(dtype).device(o.x.device()));  // h
+  const Tensor pre = linear_gelu_forward(out, o, dtype, p);  // x W^T + b, the GELU's input
 
   if (autograd::needs_grad({o.x, o.weight, o.bias})) {
     auto node = std::make_shared<LambdaNode>(
@@ -546,6 +600,67 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
     save_linear_inputs(*node, o);
     node->saved.emplace_back(pre);  // every gradient goes through the GELU's derivative at pre
     autograd::record(node, {o.x, o.weight, o.bias}, {out});
+  }
+  return out;
+}
+
+Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, const Tensor& w2_in,
+                const Tensor& b2_in) {
+  // The first layer's operands as linear_gelu's; the second's parameter copies likewise
+  // unrecorded (LinearOperands): the node records all five inputs as given.
+  const LinearOperands o = linear_operands("mlp_gelu", x_in, w1_in, b1_in);
+  const std::vector<Tensor> copies = autocast::operand_copies("mlp_gelu", {w2_in, b2_in});
+  const Tensor &w2 = copies[0], &b2 = copies[1];
+  const ParameterNames first{"w1", "b1"}, second{"w2", "b2"};
+  DType dtype = check_linear("mlp_gelu", o.x, o.w, o.b, first);
+  require_bias("mlp_gelu", o.w, o.b, first, "compose linear, gelu and linear");
+  check_weight("mlp_gelu", o.x, w2, second.weight);
+  MT_CHECK_T(ShapeError, w2.size(1) == o.w.size(0), "mlp_gelu: w2 ", shape_str(w2.shape()), " takes ", w2.size(1),
+             " in features but w1 ", shape_str(o.w.shape()), " gives ", o.w.size(0),
+             " hidden features (w2 must be [out, ", o.w.size(0), "])");
+  dtype = check_bias("mlp_gelu", o.x, w2, b2, second, promote_types(dtype, w2.dtype()));
+  require_bias("mlp_gelu", w2, b2, second, "compose linear, gelu and linear");
+  const int64_t in = o.w.size(1), hidden = o.w.size(0), out_features = w2.size(0);
+  const int64_t p = leading_rows(o.x);
+  const TensorOptions options = TensorOptions().dtype(dtype).device(o.x.device());
+  const Tensor h = empty({p, hidden}, options);            // gelu_tanh(pre)
+  const Tensor pre = linear_gelu_forward(h, o, dtype, p);  // x W1^T + b1 [P, hidden]
+  Tensor out = empty(leading_dims_and(o.x, out_features), options);
+  linear_forward(raw::view(out, {1, p, out_features}), h, w2, b2, dtype, p, hidden);
+
+  const std::vector<Tensor> inputs = {o.x, w1_in, b1_in, w2_in, b2_in};  // what the node records
+  if (autograd::needs_grad(inputs)) {
+    auto node = std::make_shared<LambdaNode>(
+        "MlpGeluBackward", [p, in, hidden, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
+          const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
+          // The second layer: dW2 = dy^T h with db2 beside it; its input gradient is the next step.
+          const LinearGrads second_grads =
+              linear_backward(dy, saved_or_none(self, 2), Tensor(), /*want_x=*/false, self.needs_input_grad(3),
+                              self.needs_input_grad(4), hidden, self.input_meta[3].dtype, self.input_meta[4].dtype);
+          std::vector<Tensor> grads = {Tensor(), Tensor(), Tensor(), second_grads.weight, second_grads.bias};
+          if (self.needs_input_grad(0) || self.needs_input_grad(1) || self.needs_input_grad(2)) {
+            // dpre [P, hidden] = (dy W2) * gelu_tanh'(pre): on CUDA in f16/bf16 one GEMM whose DGELU
+            // epilogue reads pre; elsewhere the GEMM, then the derivative in place.
+            const DType dtype = dy.dtype();
+            const Tensor dpre = empty({p, hidden}, ops::options_of(dy));
+            GemmArgs args;
+            args.gelu_backward_pre_activation = raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0);
+            ops::gemm(raw::unsqueeze(dpre, 0), raw::unsqueeze(dy, 0),
+                      raw::unsqueeze(ops::as_dtype(self.unpack(3), dtype), 0), args);
+            const std::vector<Tensor> first_grads = linear_input_grads(dpre, self, in);
+            std::copy(first_grads.begin(), first_grads.end(), grads.begin());
+          }
+          return grads;
+        });
+    // Saved: x (dW1) and W1 (dx) as linear's, then h (dW2), W2 and pre (every gradient of the
+    // first layer goes back through dpre).
+    save_linear_inputs(*node, o);
+    const bool first_layer_grads =
+        autograd::requires_grad(o.x) || autograd::requires_grad(w1_in) || autograd::requires_grad(b1_in);
+    node->saved.emplace_back(autograd::requires_grad(w2_in) ? SavedTensor(h) : SavedTensor());
+    node->saved.emplace_back(first_layer_grads ? SavedTensor(w2) : SavedTensor());
+    node->saved.emplace_back(first_layer_grads ? SavedTensor(pre) : SavedTensor());
+    autograd::record(node, inputs, {out});
   }
   return out;
 }

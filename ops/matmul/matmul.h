@@ -1,4 +1,5 @@
-// Matrix products: matmul (NumPy/PyTorch semantics), bmm, linear, linear_gelu and lora_linear.
+// Matrix products: matmul (NumPy/PyTorch semantics), bmm, linear, linear_gelu, mlp_gelu and
+// lora_linear.
 //
 // Layout: row-major, the last two dimensions are the matrix, the leading ones
 // are batch dimensions. Mixed floating dtypes promote (promote_types) as the
@@ -44,6 +45,22 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // Gradients: dpre = dh gelu_tanh'(pre) (the pre-activation is saved, not h), then
 // linear's gradients with dpre for dy. Autocast treats it as linear.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// y = gelu_tanh(x W1^T + b1) W2^T + b2: a transformer MLP (linear_gelu, then linear) as one
+// op, like apex's FusedDenseGeluDense.
+//   x  [..., in]   w1 [hidden, in]   b1 [hidden]   w2 [out, hidden]   b2 [out]   y [..., out]
+// Both biases are required. Both layers run in the promoted dtype of all five inputs. The
+// forward is linear_gelu's GEMM (the GELU in its epilogue where it can be) and linear's.
+// Gradients: dW2 = dy^T h and db2 as linear's; dpre = (dy W2) gelu_tanh'(pre), then linear's
+// gradients of (x, W1, b1) with dpre for dy. On CUDA in f16/bf16 the dpre GEMM applies
+// gelu_tanh' itself (cuBLASLt's DGELU epilogue, reading the saved pre-activation) where the
+// hidden width is a multiple of 8; elsewhere the GEMM writes dy W2 and the derivative is a
+// second pass: with inputs of one dtype, exactly linear(linear_gelu(x, w1, b1), w2, b2)'s
+// computation. The epilogue multiplies the f32 product before rounding it, so there the two
+// agree to the dtype's rounding. Only what the requested gradients read is saved (h for dW2;
+// W1 for dx; x for dW1; pre and W2 for any of the first layer's gradients).
+// Autocast treats it as linear.
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 
 // A linear layer with a LoRA adapter, y = x W^T + b + scale * (h A^T) B^T, in three GEMMs:
 // the base (bias in its epilogue), t = h A^T, and t B^T added onto y by the third GEMM

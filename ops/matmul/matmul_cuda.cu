@@ -180,8 +180,8 @@ std::string describe_problem(const GemmProblem& p) {
                          dtype_name(p.c.tensor.dtype()), " on ", p.c.tensor.device().str());
 }
 
-// Returns false, having run nothing, when an optional epilogue (the row sums, or the GELU
-// with its pre-activation) was asked for and no algorithm has it.
+// Returns false, having run nothing, when an optional epilogue (the row sums, the GELU with
+// its pre-activation, or the GELU's derivative at one) was asked for and no algorithm has it.
 template <typename T>
 bool gemm_typed(const GemmProblem& p) {
   constexpr bool f64 = std::is_same_v<T, double>;
@@ -231,10 +231,28 @@ bool gemm_typed(const GemmProblem& p) {
                                     alignment_of(p.gelu_pre_activation.data_ptr()) >= 16),
                      "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
                      ") for ", describe_problem(p));
-  const cublasLtEpilogue_t epilogue = with_gelu       ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                      : with_bias     ? CUBLASLT_EPILOGUE_BIAS
-                                      : with_row_sums ? CUBLASLT_EPILOGUE_BGRADB
-                                                      : CUBLASLT_EPILOGUE_DEFAULT;
+  // The GELU's backward: DGELU reads the GELU's input (the matrix GELU_AUX_BIAS wrote, in
+  // the same layout and dtype) through the same aux pointer and ld, and writes
+  // C = (A B) * GELU'(aux). That it differentiates the tanh form, as its forward applies, is
+  // what MlpGeluCuda.TheDgeluEpilogueComputesTheTanhFormsDerivative checks. It takes no bias
+  // vector (cublasLt.h names only the aux input for it). DGELU_BGRAD would also write a bias
+  // gradient through the bias pointer, but cublasLt.h does not say over which dimension it
+  // reduces, and it would come in C's dtype: the first layer's bias gradient stays with the
+  // dW GEMM's BGRADB, in the parameter's dtype, as linear's does.
+  const bool with_gelu_grad = p.gelu_backward_pre_activation.defined();
+  MT_INTERNAL_ASSERT(
+      !with_gelu_grad || (!with_bias && !with_row_sums && !with_gelu && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
+                          alignment_of(p.gelu_backward_pre_activation.data_ptr()) >= 16),
+      "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias, ", row sums ",
+      with_row_sums, ") for ", describe_problem(p));
+  // The GELU input matrix either epilogue reads or writes: the aux pointer.
+  const Tensor& gelu_matrix = with_gelu ? p.gelu_pre_activation : p.gelu_backward_pre_activation;
+  const bool with_aux = with_gelu || with_gelu_grad;
+  const cublasLtEpilogue_t epilogue = with_gelu        ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                      : with_gelu_grad ? CUBLASLT_EPILOGUE_DGELU
+                                      : with_bias      ? CUBLASLT_EPILOGUE_BIAS
+                                      : with_row_sums  ? CUBLASLT_EPILOGUE_BGRADB
+                                                       : CUBLASLT_EPILOGUE_DEFAULT;
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
@@ -248,8 +266,8 @@ bool gemm_typed(const GemmProblem& p) {
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vector_type,
                                                    sizeof(vector_type)));
   }
-  if (with_gelu) {
-    void* aux = p.gelu_pre_activation.data_ptr();
+  if (with_aux) {
+    void* aux = gelu_matrix.data_ptr();
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     MT_CUBLAS_CHECK(
@@ -282,7 +300,7 @@ bool gemm_typed(const GemmProblem& p) {
                        static_cast<int64_t>(c_type),
                        static_cast<int64_t>(epilogue),
                        with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
-                       with_gelu ? static_cast<int64_t>(alignment_of(p.gelu_pre_activation.data_ptr())) : 0};
+                       with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -316,7 +334,7 @@ bool gemm_typed(const GemmProblem& p) {
                                                                  /*requestedAlgoCount=*/1, &result, &found);
     // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
     // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
-    const bool optional_epilogue = with_row_sums || with_gelu;
+    const bool optional_epilogue = with_row_sums || with_aux;
     if (optional_epilogue && status == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;
     } else {

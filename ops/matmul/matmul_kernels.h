@@ -43,6 +43,16 @@ struct GemmArgs {
   // (fn::GeluTanh), so the two agree up to when the pre-activation is rounded (the epilogue
   // applies the GELU to the f32 accumulator plus bias, the loop to the rounded pre-activation).
   Tensor gelu_pre_activation;
+  // [1, M, N] in out's dtype, contiguous: when defined, out = product * gelu_tanh'(this), the
+  // GELU's backward with this as its input (the pre-activation gelu_pre_activation wrote) and
+  // the product as the gradient of its output (batch 1, beta 0, no bias, no row sums). On
+  // CUDA in f16/bf16 it is cuBLASLt's DGELU epilogue, which reads this matrix beside the tile
+  // it stores: the GEMM writes the pre-activation's gradient with no separate pass. Elsewhere
+  // (the CPU, f32, f64, a shape the epilogue cannot serve) out = fn::GeluTanhGrad(product,
+  // this) by the element-wise loop, in place, after the plain GEMM: the formula the GELU's own
+  // backward runs, so off the epilogue the two are the same computation (on it, the epilogue
+  // multiplies the f32 accumulator, not the product rounded to out's dtype).
+  Tensor gelu_backward_pre_activation;
 };
 
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
@@ -80,12 +90,17 @@ struct GemmProblem {
   // n a multiple of 8 and 16-byte aligned (cuBLASLt's rule for the GELU input matrix); c is
   // then written with gelu_tanh(a b + bias) and this with a b + bias. Undefined for none.
   Tensor gelu_pre_activation;
+  // CUDA only, f16/bf16, batch 1, no bias, no row sums: [m, n] in c's dtype, laid out as
+  // gelu_pre_activation is (the GELU input matrix's rule again); c is then written with
+  // (a b) * gelu_tanh'(this). Undefined for none.
+  Tensor gelu_backward_pre_activation;
 };
 
 void gemm_cpu(const GemmProblem& p);
-// Returns false, having written nothing, when an optional epilogue (a_row_sums or
-// gelu_pre_activation) was asked for and cuBLASLt has no algorithm with it for this
-// problem; gemm() then runs the plain GEMM and does the epilogue's work itself.
+// Returns false, having written nothing, when an optional epilogue (a_row_sums,
+// gelu_pre_activation or gelu_backward_pre_activation) was asked for and cuBLASLt has no
+// algorithm with it for this problem; gemm() then runs the plain GEMM and does the
+// epilogue's work itself.
 bool gemm_cuda(const GemmProblem& p);
 
 }  // namespace mt::ops

@@ -203,6 +203,9 @@ Tensor GPTBody::forward(const Tensor& ids) const {
   const Tensor positions = arange(T, TensorOptions(DType::i64).device(ids.device()));  // [T]
   Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
   x = mt::dropout(x, dropout, is_training());
+  // Each block's last residual add is left to the norm after it (Block::forward_residual):
+  // the residual stream is read and written once per norm, not also once per add.
+  Tensor pending;
   for (size_t i = 0; i < blocks.size(); ++i) {
     // The last block is never recomputed: backward reaches it first, right after the
     // head, and would rebuild at once the activations that keeping them holds. Keeping
@@ -211,9 +214,17 @@ Tensor GPTBody::forward(const Tensor& ids) const {
     const bool last = i + 1 == blocks.size() && blocks.size() > 1;
     const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last &&
                            static_cast<int64_t>(i) % checkpointing.every == 0;
-    x = recompute ? blocks[i]->forward_checkpointed(x) : blocks[i]->forward(x);
+    if (recompute) {
+      if (pending.defined()) x = add(x, pending);
+      pending = Tensor();
+      x = blocks[i]->forward_checkpointed(x);
+    } else {
+      const Block::Residual out = blocks[i]->forward_residual(x, pending);
+      x = out.stream;
+      pending = out.delta;
+    }
   }
-  return ln_f->forward(x);
+  return pending.defined() ? ln_f->forward_add(x, pending).normed : ln_f->forward(x);
 }
 
 GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {
@@ -241,6 +252,14 @@ void GPT::set_checkpointing(const GPTCheckpointing& checkpointing) {
   }
 }
 
+void GPT::set_fused_ops(bool on) {
+  for (const auto& block : transformer->blocks) {
+    block->ln_1->fuse_add = block->ln_2->fuse_add = on;
+    block->mlp->fused = on;
+  }
+  transformer->ln_f->fuse_add = on;
+}
+
 Tensor GPT::forward(const Tensor& ids) const {
   return linear(transformer->forward(ids), transformer->wte->weight);  // tied LM head: [B, T, V]
 }
@@ -250,7 +269,10 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
              " must have the shape of ids ", shape_str(ids.shape()));
   // The tied head and the loss fused: the [B*T, V] logits exist one chunk at a time.
   const Tensor hidden = transformer->forward(ids);  // [B, T, C]
-  return linear_cross_entropy(hidden.reshape({-1, config_.n_embd}), transformer->wte->weight, targets.reshape({-1}));
+  LinearCrossEntropyOptions options;
+  options.chunk_rows = head_chunk_rows;
+  return linear_cross_entropy(hidden.reshape({-1, config_.n_embd}), transformer->wte->weight, targets.reshape({-1}),
+                              options);
 }
 
 // ------------------------------------------------------------------ Hugging Face files

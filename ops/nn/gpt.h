@@ -79,6 +79,13 @@ class GPT : public Module {
   Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over [B, T]
   const GPTConfig& config() const { return config_; }
   void set_checkpointing(const GPTCheckpointing& checkpointing);
+  // On (the default): residual adds fused into the norms after them (add_layer_norm) and each
+  // MLP one mlp_gelu. Off: separate add, layer_norm, linear_gelu and linear ops, the same
+  // values; for measuring what the fusions buy (tools/bench/gpt_step --unfused).
+  void set_fused_ops(bool on);
+  // Rows of logits loss() forms at a time (LinearCrossEntropyOptions::chunk_rows; 0: the op's
+  // default). Fewer, larger chunks run the head's GEMMs at a better rate for more memory.
+  int64_t head_chunk_rows = 0;
 
   // A Hugging Face GPT-2 directory: config.json and model.safetensors.
   static std::shared_ptr<GPT> from_pretrained(const std::string& dir);

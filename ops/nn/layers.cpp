@@ -4,6 +4,7 @@
 
 #include "autograd/autocast.h"
 #include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 #include "ops/matmul/matmul.h"
 #include "ops/norm/norm.h"
@@ -53,6 +54,18 @@ Tensor LayerNorm::forward(const Tensor& x) const {
     return layer_norm(x, weight, bias, eps, autocast::dtype(device));
   }
   return layer_norm(x, weight, bias, eps);
+}
+
+AddNorm LayerNorm::forward_add(const Tensor& x, const Tensor& delta) const {
+  if (!fuse_add) {
+    const Tensor sum = add(x, delta);
+    return {sum, forward(sum)};
+  }
+  const DeviceType device = x.device().type;
+  if (output_in_autocast_dtype && autocast::is_enabled(device)) {
+    return add_layer_norm(x, delta, weight, bias, eps, autocast::dtype(device));
+  }
+  return add_layer_norm(x, delta, weight, bias, eps);
 }
 
 Dropout::Dropout(double p_) : p(p_) { MT_CHECK(p >= 0 && p <= 1, "Dropout: p must lie in [0, 1], got ", p); }

@@ -5,6 +5,7 @@
 
 #include "core/random.h"
 #include "ops/nn/module.h"
+#include "ops/norm/norm.h"
 
 namespace mt::nn {
 
@@ -51,6 +52,8 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
   Tensor forward(const Tensor& x) const;
+  // {x + delta, forward(x + delta)} in one pass (add_layer_norm): a residual add and this norm.
+  AddNorm forward_add(const Tensor& x, const Tensor& delta) const;
   Tensor weight, bias;  // [dim]
   double eps;
   // Set by models whose norm output only feeds GEMMs, which autocast runs in the low
@@ -58,6 +61,9 @@ class LayerNorm : public Module {
   // values as an f32 output cast afterwards; one pass over the activations fewer in
   // forward and in backward). Off: the output has the input's dtype, as in PyTorch.
   bool output_in_autocast_dtype = false;
+  // Off: forward_add is add() and then forward(), two ops (the same values), so that a
+  // benchmark can show what the fusion buys (GPT::set_fused_ops).
+  bool fuse_add = true;
 };
 
 // Zeroes elements with probability p while training; the identity in eval mode.

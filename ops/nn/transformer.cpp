@@ -24,7 +24,17 @@ Tensor MLP::hidden(const Tensor& x) const {
   return gelu(fc.forward(x), GeluApproximation::tanh);
 }
 
-Tensor MLP::forward(const Tensor& x) const { return mt::dropout(c_proj->forward(hidden(x)), dropout, is_training()); }
+Tensor MLP::forward(const Tensor& x) const {
+  // Both layers plain Linears with biases: one mlp_gelu, whose backward forms the GELU's
+  // derivative in the second layer's input-gradient GEMM. Otherwise (a LoRALinear or another
+  // subclass in either place, a missing bias) each layer's own forward.
+  const Linear &fc = *c_fc, &proj = *c_proj;
+  const bool plain = typeid(fc) == typeid(Linear) && typeid(proj) == typeid(Linear);
+  const Tensor y = fused && plain && fc.bias.defined() && proj.bias.defined()
+                       ? mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias)
+                       : c_proj->forward(hidden(x));
+  return mt::dropout(y, dropout, is_training());
+}
 
 CausalSelfAttention::CausalSelfAttention(const TransformerShape& shape, Generator* generator)
     : n_head(shape.n_head), dropout(shape.dropout) {
@@ -60,8 +70,14 @@ Block::Block(const TransformerShape& shape, Generator* generator) {
 }
 
 Tensor Block::forward(const Tensor& x) const {
-  const Tensor h = add(x, attn->forward(ln_1->forward(x)));
-  return add(h, mlp->forward(ln_2->forward(h)));
+  const Residual out = forward_residual(x, Tensor());
+  return add(out.stream, out.delta);
+}
+
+Block::Residual Block::forward_residual(const Tensor& x, const Tensor& pending) const {
+  const AddNorm in = pending.defined() ? ln_1->forward_add(x, pending) : AddNorm{x, ln_1->forward(x)};
+  const AddNorm mid = ln_2->forward_add(in.sum, attn->forward(in.normed));  // h = x + attn, ln_2(h)
+  return {mid.sum, mlp->forward(mid.normed)};
 }
 
 Tensor Block::forward_checkpointed(const Tensor& x) const {

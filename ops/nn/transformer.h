@@ -32,7 +32,9 @@ struct TransformerShape {
 class MLP : public Module {
  public:
   MLP(const TransformerShape& shape, Generator* generator);
-  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // dropout(c_proj(gelu_tanh(c_fc(x)))) [B, T, C] -> [B, T, C]: one mlp_gelu when c_fc and
+  // c_proj are both plain Linears with biases; otherwise c_proj's forward of hidden(x).
+  Tensor forward(const Tensor& x) const;
   // gelu_tanh(c_fc(x)) [B, T, n_inner]: one linear_gelu when c_fc is a plain Linear with a
   // bias (on CUDA one GEMM, the GELU in its epilogue); otherwise (a LoRALinear in its place,
   // no bias) c_fc's own forward, then gelu.
@@ -40,6 +42,8 @@ class MLP : public Module {
   std::shared_ptr<Linear> c_fc;    // [n_inner, C]
   std::shared_ptr<Linear> c_proj;  // [C, n_inner]
   double dropout;
+  // Off: never one mlp_gelu, always c_proj's forward of hidden(x) (GPT::set_fused_ops).
+  bool fused = true;
 };
 
 class CausalSelfAttention : public Module {
@@ -59,6 +63,15 @@ class Block : public Module {
  public:
   Block(const TransformerShape& shape, Generator* generator);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // The block with its two residual adds left to the norms after them: the block's input is
+  // x + pending (pending undefined: x alone), and its output is stream + delta, unadded, so that
+  // the next norm (the next block's ln_1, or the final one) adds it in its own pass
+  // (add_layer_norm). forward(x) is forward_residual(x, {}) with the last add done.
+  struct Residual {
+    Tensor stream;  // the residual stream after attention, [B, T, C]
+    Tensor delta;   // the MLP's output, [B, T, C]
+  };
+  Residual forward_residual(const Tensor& x, const Tensor& pending) const;
   // forward() with activation checkpointing (autograd/checkpoint.h): only x is kept
   // and the block is re-run in backward. When nothing in the MLP's output projection
   // trains (a frozen base without an adapter there), that projection, its dropout and

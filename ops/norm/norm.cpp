@@ -7,6 +7,7 @@
 
 #include "autograd/function.h"
 #include "ops/common.h"
+#include "ops/elementwise/functors.h"
 #include "ops/map.h"
 #include "ops/norm/norm_kernels.h"
 
@@ -28,8 +29,7 @@ void check_param(const char* op, const char* what, const Tensor& p, const Tensor
              ops::describe(x), " (normalised over its last dim)");
 }
 
-void validate(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  const char* op = name_of(kind);
+void validate(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   ops::check_floating(op, x);
   MT_CHECK_T(ShapeError, x.dim() >= 1 && x.shape().back() > 0, op,
              ": x must be [..., C] with C > 0 (normalised over the last dim), got ", ops::describe(x));
@@ -46,9 +46,56 @@ Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? raw::cont
 // the same dtype, or a half type for f32.
 bool cuda_io(DType x_dtype, DType io) { return io == x_dtype || (x_dtype == DType::f32 && is_half(io)); }
 
-Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype) {
-  validate(kind, x, weight, bias, eps);
-  const char* op = name_of(kind);
+// The op's name in messages: the residual variants are add_layer_norm / add_rms_norm.
+const char* op_name(NormKind kind, bool residual) {
+  if (!residual) return name_of(kind);
+  return kind == NormKind::layer ? "add_layer_norm" : "add_rms_norm";
+}
+
+void validate_delta(const char* op, const Tensor& x, const Tensor& delta) {
+  ops::check_floating(op, delta);
+  ops::check_same_device(op, x, delta);
+  MT_CHECK_T(ShapeError, delta.shape() == x.shape(), op, ": delta ", ops::describe(delta), " must have the shape of x ",
+             ops::describe(x), " (the residual add does not broadcast)");
+  MT_CHECK_T(DTypeError, delta.dtype() == x.dtype() || (x.dtype() == DType::f32 && is_half(delta.dtype())), op,
+             ": delta ", ops::describe(delta), " must have the dtype of x ", ops::describe(x),
+             " or, beside an f32 x (the residual stream under autocast), f16 or bf16; the sum has x's dtype");
+}
+
+struct NormOutputs {
+  Tensor sum;  // x + delta (residual variants only)
+  Tensor y;
+};
+
+// What the backward's kernels need beside dy: the node's saved tensors, unpacked.
+struct NormSaved {
+  Tensor x, rstd, mean, weight;  // x: the norm's input (the sum, for the residual variants)
+};
+
+// dx [rows, C] (or undefined when not wanted), dweight and dbias (undefined when not wanted),
+// from dy [rows, C]; with a residual, dx also holds dsum and ddelta is written when its dtype
+// is dy's half type (else left for the caller).
+void run_norm_backward(NormKind kind, const char* op, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                       const Tensor& dy, const NormSaved& saved, const ops::NormResidualGrad& residual) {
+  if (dy.is_cuda()) {
+#if MT_WITH_CUDA
+    ops::norm_backward_cuda(kind, dx, dw, db, dy, saved.x, saved.mean, saved.rstd, saved.weight, residual);
+#else
+    ops::throw_no_cuda(op);
+#endif
+    return;
+  }
+  ops::norm_backward_cpu(kind, dx, dw, db, dy, saved.x, saved.mean, saved.rstd, saved.weight);
+  if (dx.defined() && residual.dsum.defined()) ops::run_binary(dx, dx, residual.dsum, op, fn::Add{});
+}
+
+// Layer / RMS norm of x, or of x + delta when delta is defined (then also returned as sum).
+NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                    double eps, DType out_dtype) {
+  const bool residual = delta.defined();
+  const char* op = op_name(kind, residual);
+  validate(op, x, weight, bias, eps);
+  if (residual) validate_delta(op, x, delta);
   MT_CHECK_T(DTypeError, is_floating(out_dtype), op, ": the output dtype must be floating, got ",
              dtype_name(out_dtype));
   const int64_t cols = x.shape().back();
@@ -63,78 +110,136 @@ Tensor norm_op(NormKind kind, const Tensor& x, const Tensor& weight, const Tenso
   Tensor y = empty({rows, cols}, ops::options_of(x).dtype(direct ? out_dtype : x.dtype()));
   const Tensor mean = kind == NormKind::layer ? empty({rows}, stats) : Tensor();  // [rows]
   const Tensor rstd = empty({rows}, stats);                                       // [rows]
+  // The residual: CUDA reads a delta of x's dtype or y's half type as it is; anything else is
+  // first converted to x's dtype. The CPU adds first and normalises the sum.
+  ops::NormResidual add;
+  if (residual) {
+    add.sum = empty({rows, cols}, ops::options_of(x));
+    const bool read_as_is = delta.dtype() == x.dtype() || (direct && delta.dtype() == y.dtype());
+    add.delta =
+        raw::view(raw::contiguous(read_as_is && x.is_cuda() ? delta : ops::as_dtype(delta, x.dtype())), {rows, cols});
+  }
   if (x.is_cuda()) {
 #if MT_WITH_CUDA
-    ops::norm_forward_cuda(kind, y, mean, rstd, xr, w, b, eps);
+    ops::norm_forward_cuda(kind, y, mean, rstd, xr, w, b, eps, add);
 #else
     ops::throw_no_cuda(op);
 #endif
   } else {
-    ops::norm_forward_cpu(kind, y, mean, rstd, xr, w, b, eps);
+    if (residual) ops::run_binary(add.sum, xr, add.delta, op, fn::Add{});
+    ops::norm_forward_cpu(kind, y, mean, rstd, residual ? add.sum : xr, w, b, eps);
   }
-  Tensor out = raw::view(ops::as_dtype(y, out_dtype), x.shape());
+  NormOutputs outputs;
+  outputs.y = raw::view(ops::as_dtype(y, out_dtype), x.shape());
+  if (residual) outputs.sum = raw::view(add.sum, x.shape());
 
-  const std::vector<Tensor> inputs =
-      kind == NormKind::layer ? std::vector<Tensor>{x, weight, bias} : std::vector<Tensor>{x, weight};
-  if (autograd::needs_grad(inputs)) {
-    auto node = std::make_shared<LambdaNode>(
-        kind == NormKind::layer ? "LayerNormBackward" : "RmsNormBackward",
-        [kind, op, rows, cols](const std::vector<Tensor>& g, const LambdaNode& self) {
-          auto saved = [&](size_t i) { return self.saved[i].defined() ? self.unpack(i) : Tensor(); };
-          const Tensor xs = saved(0), rstd = saved(1), mean = saved(2), w = saved(3);
-          const TensorOptions options = ops::options_of(g[0]).dtype(self.input_meta[0].dtype);
-          // A half dy of an f32 x is read as it is on CUDA, converted in registers.
-          const Tensor g0 =
-              g[0].is_cuda() && cuda_io(options.dtype(), g[0].dtype()) ? g[0] : ops::as_dtype(g[0], options.dtype());
-          const Tensor dy = raw::view(raw::contiguous(g0), {rows, cols});
-          const Tensor dx = self.needs_input_grad(0) ? empty({rows, cols}, options) : Tensor();
-          const Tensor dw = self.needs_input_grad(1) ? empty({cols}, options) : Tensor();
-          const Tensor db = self.needs_input_grad(2) ? empty({cols}, options) : Tensor();
-          if (dy.is_cuda()) {
-#if MT_WITH_CUDA
-            ops::norm_backward_cuda(kind, dx, dw, db, dy, xs, mean, rstd, w);
-#else
-            ops::throw_no_cuda(op);
-#endif
-          } else {
-            ops::norm_backward_cpu(kind, dx, dw, db, dy, xs, mean, rstd, w);
+  // The node's inputs: (x, [delta,] weight, [bias]); the parameters' gradients follow dx's.
+  std::vector<Tensor> inputs{x};
+  if (residual) inputs.push_back(delta);
+  inputs.push_back(weight);
+  if (kind == NormKind::layer) inputs.push_back(bias);
+  if (!autograd::needs_grad(inputs)) return outputs;
+  const size_t params = residual ? 2 : 1;  // the index of weight among the inputs
+  auto node = std::make_shared<LambdaNode>(
+      residual ? (kind == NormKind::layer ? "AddLayerNormBackward" : "AddRmsNormBackward")
+               : (kind == NormKind::layer ? "LayerNormBackward" : "RmsNormBackward"),
+      [kind, op, rows, cols, residual, params](const std::vector<Tensor>& g, const LambdaNode& self) {
+        auto saved = [&](size_t i) { return self.saved[i].defined() ? self.unpack(i) : Tensor(); };
+        const NormSaved kept{saved(0), saved(1), saved(2), saved(3)};
+        const DType x_dtype = self.input_meta[0].dtype;
+        const TensorOptions options = ops::options_of(g[0]).dtype(x_dtype);
+        const Tensor& gy = g.back();  // y's gradient (the outputs are [sum,] y)
+        // A half dy of an f32 x is read as it is on CUDA, converted in registers.
+        const Tensor g0 = gy.is_cuda() && cuda_io(x_dtype, gy.dtype()) ? gy : ops::as_dtype(gy, x_dtype);
+        const Tensor dy = raw::view(raw::contiguous(g0), {rows, cols});
+        const bool want_x = self.needs_input_grad(0) || (residual && self.needs_input_grad(1));
+        const Tensor dx = want_x ? empty({rows, cols}, options) : Tensor();
+        const Tensor dw = self.needs_input_grad(params) ? empty({cols}, options) : Tensor();
+        const Tensor db =
+            kind == NormKind::layer && self.needs_input_grad(params + 1) ? empty({cols}, options) : Tensor();
+        ops::NormResidualGrad add;
+        Tensor ddelta;
+        if (residual && want_x) {
+          add.dsum = raw::view(raw::contiguous(ops::as_dtype(g[0], x_dtype)), {rows, cols});
+          const DType delta_dtype = self.input_meta[1].dtype;
+          if (self.needs_input_grad(1) && delta_dtype != x_dtype && dy.is_cuda() && delta_dtype == dy.dtype()) {
+            add.ddelta = ddelta = empty({rows, cols}, options.dtype(delta_dtype));
           }
-          std::vector<Tensor> grads{dx.defined() ? raw::view(dx, self.input_meta[0].shape) : Tensor(), dw};
-          if (kind == NormKind::layer) grads.push_back(db);
-          return grads;
-        });
-    // x and the statistics serve dx and dweight (dbias alone needs only dy);
-    // the weight serves dx alone.
-    const bool need_x = autograd::requires_grad(x) || autograd::requires_grad(weight);
-    node->saved.emplace_back(need_x ? SavedTensor(xr) : SavedTensor());
-    node->saved.emplace_back(need_x ? SavedTensor(rstd) : SavedTensor());
-    node->saved.emplace_back(need_x ? SavedTensor(mean) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(w) : SavedTensor());
-    autograd::record(node, inputs, {out});
-  }
-  return out;
+        }
+        run_norm_backward(kind, op, dx, dw, db, dy, kept, add);
+        std::vector<Tensor> grads{self.needs_input_grad(0) && dx.defined() ? raw::view(dx, self.input_meta[0].shape)
+                                                                           : Tensor()};
+        if (residual) {
+          // delta's gradient is x's, in delta's dtype: written by the kernel, or converted here.
+          if (self.needs_input_grad(1) && !ddelta.defined()) ddelta = ops::as_dtype(dx, self.input_meta[1].dtype);
+          grads.push_back(self.needs_input_grad(1) ? raw::view(ddelta, self.input_meta[1].shape) : Tensor());
+        }
+        grads.push_back(dw);
+        if (kind == NormKind::layer) grads.push_back(db);
+        return grads;
+      });
+  // The norm's input and the statistics serve dx and dweight (dbias alone needs only dy);
+  // the weight serves dx alone.
+  const bool want_x = autograd::requires_grad(x) || (residual && autograd::requires_grad(delta));
+  const bool need_input = want_x || autograd::requires_grad(weight);
+  node->saved.emplace_back(need_input ? SavedTensor(residual ? add.sum : xr) : SavedTensor());
+  node->saved.emplace_back(need_input ? SavedTensor(rstd) : SavedTensor());
+  node->saved.emplace_back(need_input ? SavedTensor(mean) : SavedTensor());
+  node->saved.emplace_back(want_x ? SavedTensor(w) : SavedTensor());
+  std::vector<Tensor> recorded_outputs;
+  if (residual) recorded_outputs.push_back(outputs.sum);
+  recorded_outputs.push_back(outputs.y);
+  autograd::record(node, inputs, recorded_outputs);
+  return outputs;
 }
 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const std::vector<Tensor> in = autocast::cast_inputs("layer_norm", {x, weight, bias});
-  return norm_op(NormKind::layer, in[0], in[1], in[2], eps, in[0].dtype());
+  return norm_op(NormKind::layer, in[0], Tensor(), in[1], in[2], eps, in[0].dtype()).y;
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype) {
   const std::vector<Tensor> in = autocast::cast_inputs("layer_norm", {x, weight, bias});
-  return norm_op(NormKind::layer, in[0], in[1], in[2], eps, out_dtype);
+  return norm_op(NormKind::layer, in[0], Tensor(), in[1], in[2], eps, out_dtype).y;
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const std::vector<Tensor> in = autocast::cast_inputs("rms_norm", {x, weight});
-  return norm_op(NormKind::rms, in[0], in[1], Tensor(), eps, in[0].dtype());
+  return norm_op(NormKind::rms, in[0], Tensor(), in[1], Tensor(), eps, in[0].dtype()).y;
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out_dtype) {
   const std::vector<Tensor> in = autocast::cast_inputs("rms_norm", {x, weight});
-  return norm_op(NormKind::rms, in[0], in[1], Tensor(), eps, out_dtype);
+  return norm_op(NormKind::rms, in[0], Tensor(), in[1], Tensor(), eps, out_dtype).y;
+}
+
+// Under autocast x and the parameters go to f32 as layer_norm's do; delta is read as it is
+// (a half delta beside an f32 x is widened in registers).
+AddNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps,
+                       DType out_dtype) {
+  const std::vector<Tensor> in = autocast::cast_inputs("add_layer_norm", {x, weight, bias});
+  const NormOutputs out = norm_op(NormKind::layer, in[0], delta, in[1], in[2], eps, out_dtype);
+  return {out.sum, out.y};
+}
+
+AddNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps) {
+  const std::vector<Tensor> in = autocast::cast_inputs("add_layer_norm", {x, weight, bias});
+  const NormOutputs out = norm_op(NormKind::layer, in[0], delta, in[1], in[2], eps, in[0].dtype());
+  return {out.sum, out.y};
+}
+
+AddNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps, DType out_dtype) {
+  const std::vector<Tensor> in = autocast::cast_inputs("add_rms_norm", {x, weight});
+  const NormOutputs out = norm_op(NormKind::rms, in[0], delta, in[1], Tensor(), eps, out_dtype);
+  return {out.sum, out.y};
+}
+
+AddNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
+  const std::vector<Tensor> in = autocast::cast_inputs("add_rms_norm", {x, weight});
+  const NormOutputs out = norm_op(NormKind::rms, in[0], delta, in[1], Tensor(), eps, in[0].dtype());
+  return {out.sum, out.y};
 }
 
 }  // namespace mt

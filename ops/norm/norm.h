@@ -35,4 +35,23 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, DType out_dtype);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out_dtype);
 
+// The residual add and the norm after it, in one pass: sum = x + delta, normed = the norm of
+// sum, as add() then layer_norm() / rms_norm() compute them (bit for bit). A transformer
+// block's `h = x + attn(...); n = ln_2(h)` reads and writes the residual stream once instead of
+// twice, and in backward the norm's input gradient and sum's gradient are added as the first
+// is stored, with delta's copy written in its own dtype in the same pass (no separate sum of
+// gradients, no cast). delta has x's shape and dtype, or is f16/bf16 beside an f32 x (the
+// residual stream under autocast, a GEMM's output beside it); sum has x's dtype, normed x's or
+// out_dtype (as for layer_norm above). On CUDA one kernel does each direction.
+struct AddNorm {
+  Tensor sum;     // x + delta, [..., C]
+  Tensor normed;  // [..., C]
+};
+AddNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                       double eps = 1e-5);
+AddNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps,
+                       DType out_dtype);
+AddNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps = 1e-6);
+AddNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps, DType out_dtype);
+
 }  // namespace mt

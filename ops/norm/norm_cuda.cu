@@ -46,13 +46,23 @@ void dispatch_per_lane(int64_t cols, Fn&& fn) {
   fn(std::integral_constant<int, kMaxPerLane>{});
 }
 
+// The residual add of the add_*_norm ops, element by element: x + delta rounded to T, as add()
+// stores it (the norm's input, and the sum they return).
+template <typename T, typename D>
+__device__ __forceinline__ T residual_sum(T x, D delta) {
+  return convert<T>(convert<acc_t<T>>(x) + convert<acc_t<T>>(delta));
+}
+
 // The forward of norm_forward_kernel below for rows of at most kPerLane * 32 columns. Lane l
 // holds columns l, l + 32, ...: each warp load is 32 adjacent elements, and one pointer per lane
-// with constant offsets addresses them all (no register per address).
-template <typename T, typename Y, NormKind kKind, int kPerLane>
+// with constant offsets addresses them all (no register per address). With a delta the row is
+// x + delta, also written to sum.
+template <typename T, typename Y, typename D, NormKind kKind, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowBlock)
-    norm_forward_warp_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight, const T* bias,
-                             int64_t rows, int cols, acc_t<T> eps) {
+    norm_forward_warp_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
+                             acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x, const D* __restrict__ delta,
+                             const T* __restrict__ weight, const T* __restrict__ bias, int64_t rows, int cols,
+                             acc_t<T> eps) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -62,8 +72,29 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   for (int64_t r = blockIdx.x * warps + threadIdx.x / kLanes; r < rows; r += gridDim.x * warps) {
     const T* xp = x + r * cols + lane;
     A v[kPerLane];
+    if (delta == nullptr) {
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) v[j] = lane + kLanes * j < cols ? convert<A>(xp[kLanes * j]) : A(0);
+      for (int j = 0; j < kPerLane; ++j) v[j] = lane + kLanes * j < cols ? convert<A>(xp[kLanes * j]) : A(0);
+    } else {
+      const D* dp = delta + r * cols + lane;
+      T* sp = sum + r * cols + lane;
+      T xs[kPerLane];
+      D ds[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {  // every load issued before the first store
+        const bool in_row = lane + kLanes * j < cols;
+        xs[j] = in_row ? xp[kLanes * j] : T(0);
+        ds[j] = in_row ? dp[kLanes * j] : D(0);
+      }
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        v[j] = A(0);
+        if (lane + kLanes * j >= cols) continue;
+        const T s = residual_sum(xs[j], ds[j]);
+        sp[kLanes * j] = s;
+        v[j] = convert<A>(s);
+      }
+    }
     A sum = 0;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) sum += v[j];  // unused slots hold 0
@@ -92,16 +123,32 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   }
 }
 
+// a + b, rounded once. nvcc would otherwise fuse a product feeding `a` with this add into one
+// FMA (one rounding instead of two), and the residual gradient below must equal the engine's
+// separate add of the two gradients bit for bit.
+__device__ __forceinline__ float add_unfused(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_unfused(double a, double b) { return __dadd_rn(a, b); }
+
+// The input gradient as stored when the sum output has a gradient dsum: the norm's term rounded
+// to T, plus dsum, rounded again: what the engine's sum of the two gradients would store.
+template <typename T>
+__device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
+  return convert<T>(add_unfused(convert<acc_t<T>>(convert<T>(norm_term)), dsum));
+}
+
 // The whole backward for rows of at most kPerLane * 32 columns, laid out as in
 // norm_forward_warp_kernel: the input gradient of norm_backward_dx_kernel below and, in the same pass over dy and x,
 // the parameter gradients' partial sums. A lane owns the same columns in every row it visits, so it sums dy * xhat and
 // dy for them in registers; at the end the block's warps are summed through shared memory into row blockIdx.x of
 // dweight_part / dbias_part [gridDim.x, cols] (a null one is skipped), which sum_groups_kernel
-// then reduces. Deterministic: the grid depends on the rows alone.
-template <typename T, typename G, NormKind kKind, int kPerLane>
+// then reduces. Deterministic: the grid depends on the rows alone. The residual (see NormResidualGrad) is added as dx
+// is stored.
+template <typename T, typename G, typename D, NormKind kKind, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowBlock)
-    norm_backward_warp_kernel(T* dx, acc_t<T>* dweight_part, acc_t<T>* dbias_part, const G* dy, const T* x,
-                              const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, int64_t rows, int cols) {
+    norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
+                              acc_t<T>* __restrict__ dbias_part, const G* __restrict__ dy, const T* __restrict__ dsum,
+                              const T* __restrict__ x, const acc_t<T>* __restrict__ mean,
+                              const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows, int cols) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kWarpRowBlock / kLanes;
@@ -140,10 +187,19 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     A mean_g = 0;
     if constexpr (kKind == NormKind::layer) mean_g = rowwise::warp_reduce(sum_g, rowwise::Sum{}) * inv_cols;
     const A mean_gx = rowwise::warp_reduce(sum_gx, rowwise::Sum{}) * inv_cols;
-    T* dp = dx + r * cols + lane;
+    const int64_t at = r * cols + lane;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) g[j] = rs * (g[j] - mean_g - xhat[j] * mean_gx);  // the norm's term
+    if (dsum != nullptr) {  // xhat's registers take dsum, loaded before the first store
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) xhat[j] = lane + kLanes * j < cols ? convert<A>(dsum[at + kLanes * j]) : A(0);
+    }
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      if (lane + kLanes * j < cols) dp[kLanes * j] = convert<T>(rs * (g[j] - mean_g - xhat[j] * mean_gx));
+      if (lane + kLanes * j >= cols) continue;
+      const T d = dsum != nullptr ? residual_grad<T>(g[j], xhat[j]) : convert<T>(g[j]);
+      dx[at + kLanes * j] = d;
+      if (ddelta != nullptr) ddelta[at + kLanes * j] = convert<D>(convert<A>(d));
     }
   }
   if (!params) return;  // the same for every thread of the grid: no barrier is skipped by some
@@ -167,24 +223,29 @@ __global__ void __launch_bounds__(kWarpRowBlock)
 }
 
 // y is written as Y: x's dtype, or a half type for an f32 x (the next GEMM's input,
-// rounded once on the store instead of by a separate cast).
-template <typename T, typename Y, NormKind kKind>
-__global__ void norm_forward_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x, const T* weight,
-                                    const T* bias, int64_t rows, int64_t cols, acc_t<T> eps) {
+// rounded once on the store instead of by a separate cast). With a delta the row is
+// x + delta, recomputed in each pass and written to sum in the last.
+template <typename T, typename Y, typename D, NormKind kKind>
+__global__ void norm_forward_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
+                                    acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x,
+                                    const D* __restrict__ delta, const T* __restrict__ weight,
+                                    const T* __restrict__ bias, int64_t rows, int64_t cols, acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
+    const D* dr = delta != nullptr ? delta + r * cols : nullptr;
+    auto input = [&](int64_t c) { return dr != nullptr ? residual_sum(xr[c], dr[c]) : xr[c]; };
     Y* yr = y + r * cols;
     A mu = 0;
     if constexpr (kKind == NormKind::layer) {
       A s = 0;
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(xr[c]);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(input(c));
       mu = rowwise::block_reduce(s, rowwise::Sum{}, scratch) / static_cast<A>(cols);
     }
     A var = 0;  // two passes: the centred sum of squares does not cancel
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const A d = convert<A>(xr[c]) - mu;
+      const A d = convert<A>(input(c)) - mu;
       var += d * d;
     }
     var = rowwise::block_reduce(var, rowwise::Sum{}, scratch) / static_cast<A>(cols);
@@ -194,7 +255,9 @@ __global__ void norm_forward_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out
       rstd_out[r] = rs;
     }
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      A v = (convert<A>(xr[c]) - mu) * rs;
+      const T in = input(c);
+      if (dr != nullptr) sum[r * cols + c] = in;
+      A v = (convert<A>(in) - mu) * rs;
       if (weight != nullptr) v *= convert<A>(weight[c]);
       if (bias != nullptr) v += convert<A>(bias[c]);
       yr[c] = convert<Y>(v);
@@ -203,10 +266,13 @@ __global__ void norm_forward_kernel(Y* y, acc_t<T>* mean_out, acc_t<T>* rstd_out
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMS: no mean(g) term).
-// dy is read as G: x's dtype, or the half type a forward with a half y gave.
-template <typename T, typename G, NormKind kKind>
-__global__ void norm_backward_dx_kernel(T* dx, const G* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
-                                        const T* weight, int64_t rows, int64_t cols) {
+// dy is read as G: x's dtype, or the half type a forward with a half y gave. The residual (see NormResidualGrad) is
+// added as dx is stored.
+template <typename T, typename G, typename D, NormKind kKind>
+__global__ void norm_backward_dx_kernel(T* __restrict__ dx, D* __restrict__ ddelta, const G* __restrict__ dy,
+                                        const T* __restrict__ dsum, const T* __restrict__ x,
+                                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                        const T* __restrict__ weight, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   __shared__ A scratch[rowwise::kWarpSize];
   const A inv_cols = A(1) / static_cast<A>(cols);
@@ -228,7 +294,10 @@ __global__ void norm_backward_dx_kernel(T* dx, const G* dy, const T* x, const ac
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const A gc = weight != nullptr ? convert<A>(gr[c]) * convert<A>(weight[c]) : convert<A>(gr[c]);
       const A xhat = (convert<A>(xr[c]) - mu) * rs;
-      dr[c] = convert<T>(rs * (gc - mean_g - xhat * mean_gx));
+      const A term = rs * (gc - mean_g - xhat * mean_gx);
+      const T d = dsum != nullptr ? residual_grad<T>(term, convert<A>(dsum[r * cols + c])) : convert<T>(term);
+      dr[c] = d;
+      if (ddelta != nullptr) ddelta[r * cols + c] = convert<D>(convert<A>(d));
     }
   }
 }
@@ -310,11 +379,24 @@ void dispatch_norm_io(DType x_dtype, DType io_dtype, const char* name, Fn&& fn) 
   });
 }
 
+// fn(tag of D): D is the residual tensor t's type (delta in forward, ddelta in backward), T
+// itself or IO (a half type beside an f32 T); T when t is undefined (the kernels then get null).
+template <typename T, typename IO, typename Fn>
+void dispatch_residual(const Tensor& t, Fn&& fn) {
+  if (!t.defined() || t.dtype() == dtype_of<T>()) return fn(TypeTag<T>{});
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (t.dtype() == dtype_of<IO>()) return fn(TypeTag<IO>{});
+  }
+  MT_INTERNAL_ASSERT(false, "no norm kernel for a residual of ", dtype_name(t.dtype()), " beside ",
+                     dtype_name(dtype_of<T>()), " and ", dtype_name(dtype_of<IO>()));
+}
+
 // Launches the warp-per-row forward when it takes the rows (at most kWarpRowCols columns, not
 // f64: twice the registers per element, and those rows are no hot path); returns whether it did.
-template <typename T, typename Y, NormKind kKind>
+template <typename T, typename Y, typename D, NormKind kKind>
 bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                              const Tensor& weight, const Tensor& bias, double eps, const cuda::Stream& stream) {
+                              const Tensor& weight, const Tensor& bias, double eps, const NormResidual& residual,
+                              const cuda::Stream& stream) {
   if constexpr (std::is_same_v<T, double>) {
     return false;
   } else {
@@ -322,11 +404,11 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
     const int64_t rows = x.shape()[0], cols = x.shape()[1];
     if (cols > kWarpRowCols) return false;
     dispatch_per_lane(cols, [&](auto per_lane) {
-      norm_forward_warp_kernel<T, Y, kKind, decltype(per_lane)::value>
+      norm_forward_warp_kernel<T, Y, D, kKind, decltype(per_lane)::value>
           <<<warp_row_grid(rows), kWarpRowBlock, 0, stream.handle()>>>(
-              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
-              static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows,
-              static_cast<int>(cols), static_cast<A>(eps));
+              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
+              static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
+              data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
     });
     return true;
   }
@@ -346,10 +428,10 @@ void sum_partial_groups(const Tensor& out, const Tensor& part, int64_t groups, i
 // The warp-per-row backward when it takes the rows (as launch_forward_warp_rows, and only with
 // an input gradient: x and the statistics are there then): dx, and dweight / dbias when wanted
 // from the same pass, through per-block partial sums; returns whether it did.
-template <typename T, typename G, NormKind kKind>
+template <typename T, typename G, typename D, NormKind kKind>
 bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                                const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-                               const cuda::Stream& stream) {
+                               const NormResidualGrad& residual, const cuda::Stream& stream) {
   if constexpr (std::is_same_v<T, double>) {
     return false;
   } else {
@@ -363,10 +445,11 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
     const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
     dispatch_per_lane(cols, [&](auto per_lane) {
-      norm_backward_warp_kernel<T, G, kKind, decltype(per_lane)::value>
+      norm_backward_warp_kernel<T, G, D, kKind, decltype(per_lane)::value>
           <<<static_cast<unsigned>(groups), kWarpRowBlock, 0, stream.handle()>>>(
-              static_cast<T*>(dx.data_ptr()), mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part),
-              static_cast<const G*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean),
+              static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta),
+              mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()),
+              data_or_null<T>(residual.dsum), static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean),
               static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows, static_cast<int>(cols));
     });
     MT_CUDA_CHECK_LAUNCH();
@@ -378,7 +461,7 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
 
 template <NormKind kKind>
 void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                    const Tensor& bias, double eps) {
+                    const Tensor& bias, double eps, const NormResidual& residual) {
   const int64_t rows = x.shape()[0], cols = x.shape()[1];
   if (rows == 0) return;
   const cuda::Stream stream = cuda::current_stream(x.device().index);
@@ -386,20 +469,23 @@ void launch_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, con
     using T = typename decltype(tag)::type;
     using Y = typename decltype(io_tag)::type;
     using A = acc_t<T>;
-    if (!launch_forward_warp_rows<T, Y, kKind>(y, mean, rstd, x, weight, bias, eps, stream)) {
-      norm_forward_kernel<T, Y, kKind>
-          <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
-              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
-              static_cast<const T*>(x.data_ptr()), data_or_null<T>(weight), data_or_null<T>(bias), rows, cols,
-              static_cast<A>(eps));
-    }
-    MT_CUDA_CHECK_LAUNCH();
+    dispatch_residual<T, Y>(residual.delta, [&](auto delta_tag) {
+      using D = typename decltype(delta_tag)::type;
+      if (!launch_forward_warp_rows<T, Y, D, kKind>(y, mean, rstd, x, weight, bias, eps, residual, stream)) {
+        norm_forward_kernel<T, Y, D, kKind>
+            <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
+                static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
+                static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
+                data_or_null<T>(weight), data_or_null<T>(bias), rows, cols, static_cast<A>(eps));
+      }
+      MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
 template <NormKind kKind>
 void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+                     const Tensor& mean, const Tensor& rstd, const Tensor& weight, const NormResidualGrad& residual) {
   const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
   const cuda::Stream stream = cuda::current_stream(dy.device().index);
   // The gradients have x's dtype (x itself is not saved when only dbias is wanted).
@@ -409,14 +495,19 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
     using T = typename decltype(tag)::type;
     using G = typename decltype(io_tag)::type;
     using A = acc_t<T>;
-    if (launch_backward_warp_rows<T, G, kKind>(dx, dweight, dbias, dy, x, mean, rstd, weight, stream)) return;
-    if (dx.defined() && rows > 0) {
-      norm_backward_dx_kernel<T, G, kKind>
+    bool done = false;
+    dispatch_residual<T, G>(residual.ddelta, [&](auto delta_tag) {
+      using D = typename decltype(delta_tag)::type;
+      done = launch_backward_warp_rows<T, G, D, kKind>(dx, dweight, dbias, dy, x, mean, rstd, weight, residual, stream);
+      if (done || !dx.defined() || rows == 0) return;
+      norm_backward_dx_kernel<T, G, D, kKind>
           <<<rowwise::row_grid(rows), rowwise::row_block_threads(cols), 0, stream.handle()>>>(
-              static_cast<T*>(dx.data_ptr()), static_cast<const G*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta),
+              static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum), static_cast<const T*>(x.data_ptr()),
               data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows, cols);
       MT_CUDA_CHECK_LAUNCH();
-    }
+    });
+    if (done) return;
     if (!dweight.defined() && !dbias.defined()) return;
     // At least 4 rows per thread before another row group is worth a block.
     const int64_t wanted = (rows + 4 * kRowThreads - 1) / (4 * kRowThreads);
@@ -438,20 +529,21 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
 }  // namespace
 
 void norm_forward_cuda(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                       const Tensor& weight, const Tensor& bias, double eps) {
+                       const Tensor& weight, const Tensor& bias, double eps, const NormResidual& residual) {
   if (kind == NormKind::layer) {
-    launch_forward<NormKind::layer>(y, mean, rstd, x, weight, bias, eps);
+    launch_forward<NormKind::layer>(y, mean, rstd, x, weight, bias, eps, residual);
   } else {
-    launch_forward<NormKind::rms>(y, mean, rstd, x, weight, bias, eps);
+    launch_forward<NormKind::rms>(y, mean, rstd, x, weight, bias, eps, residual);
   }
 }
 
 void norm_backward_cuda(NormKind kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
-                        const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+                        const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                        const NormResidualGrad& residual) {
   if (kind == NormKind::layer) {
-    launch_backward<NormKind::layer>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    launch_backward<NormKind::layer>(dx, dweight, dbias, dy, x, mean, rstd, weight, residual);
   } else {
-    launch_backward<NormKind::rms>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    launch_backward<NormKind::rms>(dx, dweight, dbias, dy, x, mean, rstd, weight, residual);
   }
 }
 

@@ -74,10 +74,11 @@ TEST(Autocast, GradientOfACastInputComesBackInItsDtype) {
 }
 
 TEST(Autocast, PolicyTableNamesEveryRequiredOp) {
-  const char* lower[] = {
-      "matmul", "bmm", "linear", "linear_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
-  const char* fp32[] = {"exp",     "log",         "pow",           "rsqrt", "softplus", "layer_norm", "rms_norm",
-                        "softmax", "log_softmax", "cross_entropy", "sum",   "mean",     "var"};
+  const char* lower[] = {"matmul",   "bmm",         "linear", "linear_gelu",
+                         "mlp_gelu", "lora_linear", "conv2d", "scaled_dot_product_attention"};
+  const char* fp32[] = {
+      "exp",          "log",     "pow",         "rsqrt",         "softplus", "layer_norm", "rms_norm", "add_layer_norm",
+      "add_rms_norm", "softmax", "log_softmax", "cross_entropy", "sum",      "mean",       "var"};
   const char* promote[] = {"add", "sub", "mul", "div", "cat", "where"};
   for (const char* op : lower) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::lower_precision) << op;
   for (const char* op : fp32) EXPECT_EQ(autocast::policy_for(op), autocast::CastPolicy::fp32) << op;
@@ -118,6 +119,11 @@ std::vector<PolicyRow> policy_rows() {
          return linear_gelu(f32({2, 3}), f32({4, 3}), f32({4}));
        },
        true},
+      {"mlp_gelu",
+       [=](DType) {
+         return mlp_gelu(f32({2, 3}), f32({4, 3}), f32({4}), f32({5, 4}), f32({5}));
+       },
+       true},
       {"lora_linear",
        [=](DType) {
          return lora_linear(f32({2, 3}), f32({2, 3}), f32({4, 3}), f32({4}), f32({2, 3}), f32({4, 2}), 2.0);
@@ -145,6 +151,17 @@ std::vector<PolicyRow> policy_rows() {
       {"rms_norm",
        [=](DType low) {
          return rms_norm(half({2, 4}, low), half({4}, low));
+       },
+       false},
+      // x goes to f32; the half delta is read beside it, and the sum and the norm are f32.
+      {"add_layer_norm",
+       [=](DType low) {
+         return add_layer_norm(half({2, 4}, low), half({2, 4}, low), half({4}, low), half({4}, low)).normed;
+       },
+       false},
+      {"add_rms_norm",
+       [=](DType low) {
+         return add_rms_norm(half({2, 4}, low), half({2, 4}, low), half({4}, low)).sum;
        },
        false},
       {"softmax",
@@ -269,6 +286,25 @@ TEST(Autocast, LinearWritesItsF32ParametersGradientsInF32WithoutACastNode) {
   EXPECT_EQ(b.grad().to_vector<double>(), sum(dy.to(DType::f64), {0}).to(DType::f32).to_vector<double>());
 }
 
+// mlp_gelu records its four f32 parameters as linear does: no Cast nodes, and gradients in f32.
+TEST(Autocast, MlpGeluWritesItsF32ParametersGradientsInF32WithoutCastNodes) {
+  Generator gen(6);
+  const Tensor x = randn({16, 24}, DType::f32, &gen).to(DType::bf16);
+  std::vector<Tensor> params = {randn({32, 24}, DType::f32, &gen), randn({32}, DType::f32, &gen),
+                                randn({8, 32}, DType::f32, &gen), randn({8}, DType::f32, &gen)};
+  for (Tensor& p : params) p.requires_grad_();
+  Tensor y;
+  {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    y = mlp_gelu(x, params[0], params[1], params[2], params[3]);
+  }
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  ASSERT_EQ(y.grad_fn()->name(), "MlpGeluBackward");
+  for (size_t i = 1; i <= 4; ++i) EXPECT_EQ(y.grad_fn()->next_edges[i].fn->name(), "AccumulateGrad") << "input " << i;
+  y.backward(ones({16, 8}, DType::bf16));
+  for (const Tensor& p : params) EXPECT_EQ(p.grad().dtype(), DType::f32);
+}
+
 TEST(AutocastCache, OperandCopiesAreCachedApartFromRecordedCasts) {
   Tensor w = ones({4}).requires_grad_();
   AutocastGuard amp(DeviceType::cpu, DType::bf16);
@@ -282,6 +318,35 @@ TEST(AutocastCache, OperandCopiesAreCachedApartFromRecordedCasts) {
   EXPECT_EQ(copy.dtype(), DType::bf16);
   EXPECT_FALSE(copy.requires_grad());     // a plain copy: it records nothing
   EXPECT_TRUE(recorded.requires_grad());  // a Cast node's output
+}
+
+// A frozen weight (an f32 leaf that does not require grad, as a LoRA base's) is copied once for
+// all regions while it is unchanged and frozen: a later step reuses the copy; an in-place
+// change, or unfreezing it, makes a new one (and the unfrozen weight gets its gradient).
+TEST(AutocastCache, FrozenOperandCopiesOutliveTheRegionUntilTheWeightChanges) {
+  Tensor w = ones({3, 4});  // frozen
+  const Tensor x = ones({2, 4}, DType::bf16);
+  const auto step = [&] {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    const uint64_t before = autocast::cast_count();
+    const Tensor y = linear(x, w);
+    return std::make_pair(autocast::cast_count() - before, y);
+  };
+  EXPECT_EQ(step().first, 1u);
+  EXPECT_EQ(step().first, 0u) << "the second region reuses the frozen weight's copy";
+  {
+    NoGradGuard no_grad;
+    w.fill_(2.0);  // the version changes
+  }
+  const auto [casts, y] = step();
+  EXPECT_EQ(casts, 1u);
+  EXPECT_EQ(y.to_vector<double>()[0], 8.0);  // 4 x (1 x 2): the new values, not the stale copy
+  w.requires_grad_();
+  const auto [casts_trainable, y_trainable] = step();
+  EXPECT_EQ(casts_trainable, 1u) << "a trainable weight is not served the frozen copy";
+  sum(y_trainable).backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
 }
 
 TEST(AutocastCache, NonParametersAreNotCached) {

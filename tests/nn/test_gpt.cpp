@@ -345,8 +345,54 @@ TEST(MLP, HiddenIsOneLinearGeluOnlyForAPlainLinearWithABias) {
   EXPECT_EQ(values(adapted.hidden(x)), values(gelu(adapted.c_fc->forward(x), GeluApproximation::tanh)));
 }
 
+// MLP::forward is one mlp_gelu when both layers are plain Linears with biases, and gives what
+// c_proj's forward of hidden(x) gives: the same output and gradients (f64, on the CPU).
+TEST(MLP, ForwardIsOneMlpGeluOnlyForPlainLinearsWithBiases) {
+  Generator g(51);
+  MLP mlp(TransformerShape{8, 2, 32, 0.0, 1e-5}, &g);
+  mlp.to(DType::f64);
+  {
+    NoGradGuard no_grad;  // GPT-2 starts its biases at zero: make them count
+    mlp.c_fc->bias.copy_(randn({32}, DType::f64, &g));
+    mlp.c_proj->bias.copy_(randn({8}, DType::f64, &g));
+  }
+  const Tensor x0 = randn({2, 3, 8}, DType::f64, &g), dy = randn({2, 3, 8}, DType::f64, &g);
+  // The output, then the gradients of x and of every parameter.
+  const auto run = [&](bool fused, const std::string& node) {
+    Tensor x = x0.clone().requires_grad_();
+    for (Tensor p : mlp.parameters()) p.set_grad(Tensor());
+    const Tensor y = fused ? mlp.forward(x) : mlp.c_proj->forward(mlp.hidden(x));
+    EXPECT_EQ(y.grad_fn()->name(), node);
+    y.backward(dy);
+    std::vector<std::vector<double>> out = {values(y), values(x.grad())};
+    for (const Tensor& p : mlp.parameters()) out.push_back(values(p.grad()));
+    return out;
+  };
+  const auto want = run(false, "LinearBackward");
+  const auto got = run(true, "MlpGeluBackward");
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    for (size_t j = 0; j < got[i].size(); ++j) EXPECT_NEAR(got[i][j], want[i][j], 1e-12) << i << ", " << j;
+  }
+
+  // Anything else in either place, or a layer without its bias: each layer's own forward.
+  const Tensor x = x0.clone();
+  const std::shared_ptr<Linear> fc = mlp.c_fc, proj = mlp.c_proj;
+  mlp.replace_module("c_proj", std::make_shared<SubclassedLinear>(proj->weight, proj->bias));
+  EXPECT_EQ(mlp.forward(x).grad_fn()->name(), "LinearBackward");
+  mlp.replace_module("c_proj", std::make_shared<Linear>(proj->weight, Tensor()));
+  EXPECT_EQ(mlp.forward(x).grad_fn()->name(), "LinearBackward");
+  mlp.replace_module("c_proj", proj);
+  mlp.replace_module("c_fc", std::make_shared<SubclassedLinear>(fc->weight, fc->bias));
+  EXPECT_EQ(mlp.forward(x).grad_fn()->name(), "LinearBackward");
+  mlp.replace_module("c_fc", fc);
+  EXPECT_EQ(mlp.forward(x).grad_fn()->name(), "MlpGeluBackward");
+}
+
 // Loss and gradients of a training step (dropout on) with the MLPs' first layer a plain Linear
-// (one linear_gelu) or a SubclassedLinear (linear, then gelu); with lora_targets, LoRA on them.
+// (the whole MLP one mlp_gelu) or a SubclassedLinear (linear, gelu, then linear); with
+// lora_targets, LoRA on them.
 std::vector<std::vector<double>> mlp_step(bool fused, const GPTCheckpointing& checkpointing,
                                           const std::vector<std::string>& lora_targets = {}) {
   GPTConfig c = tiny_config();
@@ -370,7 +416,7 @@ std::vector<std::vector<double>> mlp_step(bool fused, const GPTCheckpointing& ch
   return loss_and_gradients(model, random_ids(2, 16, c.vocab_size, 42));
 }
 
-// On the CPU the fused MLP computes exactly what linear then gelu did: the same loss and
+// On the CPU the fused MLP computes exactly what linear, gelu and linear did: the same loss and
 // gradients bit for bit, without checkpointing, with whole blocks or the attention core
 // recomputed, and with a frozen MLP (LoRA on c_attn only), whose checkpointed blocks
 // recompute ln_1 .. the GELU and keep the MLP's projection outside the segment.
@@ -382,6 +428,34 @@ TEST(GPT, FusedMlpGivesTheUnfusedLossAndGradients) {
         << "the loss and every parameter's gradient";
     EXPECT_EQ(fused, mlp_step(/*fused=*/false, checkpointing)) << mode;
     EXPECT_EQ(mlp_step(true, checkpointing, {"c_attn"}), mlp_step(false, checkpointing, {"c_attn"})) << mode;
+  }
+}
+
+// GPT::set_fused_ops(false) swaps add_layer_norm for add and layer_norm, and mlp_gelu for
+// linear_gelu and linear: on the CPU the same loss and gradients bit for bit, fully trained
+// and with LoRA on c_attn.
+TEST(GPT, UnfusedOpsGiveTheFusedLossAndGradients) {
+  for (const bool lora : {false, true}) {
+    std::vector<std::vector<double>> results[2];
+    for (const bool fused : {true, false}) {
+      Generator g(44);
+      GPT model(tiny_config(), &g);
+      if (lora) {
+        LoRAOptions options;
+        options.r = 2;
+        options.target_modules = {"c_attn"};
+        apply_lora(model, options, &g);
+      }
+      model.set_fused_ops(fused);
+      const Block& block = *model.transformer->blocks[0];
+      const Tensor x = randn({2, 3, tiny_config().n_embd}, DType::f32, &g).requires_grad_();
+      EXPECT_EQ(block.mlp->forward(x).grad_fn()->name(), fused ? "MlpGeluBackward" : "LinearBackward");
+      EXPECT_EQ(block.ln_2->forward_add(x, x).normed.grad_fn()->name(),
+                fused ? "AddLayerNormBackward" : "LayerNormBackward");
+      results[fused] = loss_and_gradients(model, random_ids(2, 16, tiny_config().vocab_size, 45));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    EXPECT_EQ(results[0], results[1]) << (lora ? "LoRA on c_attn" : "full training");
   }
 }
 

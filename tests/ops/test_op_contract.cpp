@@ -172,19 +172,20 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpContractCuda,
 
 // Every differentiable op named by the op library must have at least one case.
 TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
-  const std::vector<std::string> required = {"add",           "sub",        "mul",         "div",
-                                             "neg",           "exp",        "log",         "sqrt",
-                                             "rsqrt",         "pow",        "abs",         "tanh",
-                                             "sigmoid",       "relu",       "gelu_erf",    "gelu_tanh",
-                                             "silu",          "sum",        "mean",        "max",
-                                             "var",           "reshape",    "transpose",   "permute",
-                                             "slice",         "expand",     "cast",        "matmul",
-                                             "bmm",           "linear",     "softmax",     "log_softmax",
-                                             "cross_entropy", "layer_norm", "rms_norm",    "embedding",
-                                             "dropout",       "where",      "masked_fill", "cat",
-                                             "stack",         "split",      "sdpa",        "linear_cross_entropy",
-                                             "sdpa_causal",   "conv2d",     "max_pool2d",  "avg_pool2d",
-                                             "lora_linear",   "linear_gelu"};
+  const std::vector<std::string> required = {"add",           "sub",         "mul",         "div",
+                                             "neg",           "exp",         "log",         "sqrt",
+                                             "rsqrt",         "pow",         "abs",         "tanh",
+                                             "sigmoid",       "relu",        "gelu_erf",    "gelu_tanh",
+                                             "silu",          "sum",         "mean",        "max",
+                                             "var",           "reshape",     "transpose",   "permute",
+                                             "slice",         "expand",      "cast",        "matmul",
+                                             "bmm",           "linear",      "softmax",     "log_softmax",
+                                             "cross_entropy", "layer_norm",  "rms_norm",    "embedding",
+                                             "dropout",       "where",       "masked_fill", "cat",
+                                             "stack",         "split",       "sdpa",        "linear_cross_entropy",
+                                             "sdpa_causal",   "conv2d",      "max_pool2d",  "avg_pool2d",
+                                             "lora_linear",   "linear_gelu", "mlp_gelu",    "add_layer_norm",
+                                             "add_rms_norm"};
   std::set<std::string> covered;
   size_t gradchecked = 0;
   for (const OpCase& c : op_cases()) {

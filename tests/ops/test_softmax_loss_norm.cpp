@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "autograd/autocast.h"
+#include "autograd/engine.h"
 #include "core/view.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
@@ -122,6 +123,32 @@ MT_OP_CASE(OpCase("layer_norm", "layer_norm_weight_only_3d").inputs({{2, 3, 4}, 
 MT_OP_CASE(OpCase("layer_norm", "layer_norm_bias_only").inputs({{4, 5}, {5}}).compute([](const In& x) {
   return layer_norm(x[0], Tensor(), x[1]);
 }));
+// The residual variants: both outputs, the sum and the norm, joined so that one weighted sum
+// checks every gradient path (x and delta get the sum's gradient plus the norm's).
+MT_OP_CASE(
+    OpCase("add_layer_norm", "add_layer_norm_affine").inputs({{3, 6}, {3, 6}, {6}, {6}}).compute([](const In& x) {
+      const AddNorm r = add_layer_norm(x[0], x[1], x[2], x[3]);
+      return cat({r.sum, r.normed}, 0);
+    }));
+MT_OP_CASE(OpCase("add_layer_norm", "add_layer_norm_row_groups_3d")
+               .inputs({{3, 50, 36}, {3, 50, 36}, {36}, {36}})
+               .compute([](const In& x) {
+                 const AddNorm r = add_layer_norm(x[0], x[1], x[2], x[3]);
+                 return cat({r.sum, r.normed}, 0);
+               }));
+// Past 1024 columns CUDA takes the block-per-row kernels (the others, one warp per row).
+MT_OP_CASE(OpCase("add_layer_norm", "add_layer_norm_wide_rows")
+               .inputs({{5, 1100}, {5, 1100}, {1100}, {1100}})
+               .compute([](const In& x) {
+                 const AddNorm r = add_layer_norm(x[0], x[1], x[2], x[3]);
+                 return cat({r.sum, r.normed}, 0);
+               })
+               .no_gradcheck("add_layer_norm_affine checks the same formulas in f64; this case sizes the CUDA kernel"));
+MT_OP_CASE(
+    OpCase("add_rms_norm", "add_rms_norm_weight_3d").inputs({{2, 3, 5}, {2, 3, 5}, {5}}).compute([](const In& x) {
+      const AddNorm r = add_rms_norm(x[0], x[1], x[2], 1e-5);
+      return cat({r.sum, r.normed}, 0);
+    }));
 MT_OP_CASE(OpCase("rms_norm", "rms_norm_weight").inputs({{3, 6}, {6}}).compute([](const In& x) {
   return rms_norm(x[0], x[1]);
 }));
@@ -502,6 +529,73 @@ TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
       }
     }
   }
+}
+
+// add_layer_norm / add_rms_norm against add() and then the norm: both outputs and every
+// gradient, from the same upstream gradients of both, bit for bit. The residual stream's case:
+// an f32 x, a bf16/f16 delta (a GEMM's output) and a half normed output; and all-f32.
+void expect_add_norm_equals_add_then_norm(Device device) {
+  Generator gen(23);
+  for (const int64_t width : {36, 768, 1100}) {  // warp-per-row kernels, and past them on CUDA
+    for (const bool rms : {false, true}) {
+      for (const DType low : {DType::bf16, DType::f16, DType::f32}) {
+        const Tensor x0 = raw::to(randn({67, width}, DType::f32, &gen) * 2.0 + 0.5, device);
+        const Tensor d0 = raw::to(randn({67, width}, low, &gen), device);
+        const Tensor w0 = raw::to(randn({width}, DType::f32, &gen), device);
+        const Tensor b0 = raw::to(randn({width}, DType::f32, &gen), device);
+        const Tensor dsum = raw::to(randn({67, width}, DType::f32, &gen), device);
+        const Tensor dy = raw::to(randn({67, width}, low, &gen), device);
+        std::vector<std::vector<double>> results[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          Tensor x = x0.clone().requires_grad_(), delta = d0.clone().requires_grad_();
+          Tensor w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+          AddNorm r;
+          if (fused) {
+            r = rms ? add_rms_norm(x, delta, w, 1e-5, low) : add_layer_norm(x, delta, w, b, 1e-5, low);
+          } else {
+            r.sum = add(x, delta);
+            r.normed = rms ? rms_norm(r.sum, w, 1e-5, low) : layer_norm(r.sum, w, b, 1e-5, low);
+          }
+          ASSERT_EQ(r.sum.dtype(), DType::f32);
+          ASSERT_EQ(r.normed.dtype(), low);
+          autograd::run_backward({r.sum, r.normed}, {dsum, dy}, /*retain_graph=*/false);
+          ASSERT_EQ(delta.grad().dtype(), low);
+          results[fused] = {r.sum.to_vector<double>(), r.normed.to_vector<double>(), x.grad().to_vector<double>(),
+                            delta.grad().to_vector<double>(), w.grad().to_vector<double>()};
+          if (!rms) results[fused].push_back(b.grad().to_vector<double>());
+        }
+        const char* names[] = {"sum", "normed", "dx", "ddelta", "dweight", "dbias"};
+        for (size_t i = 0; i < results[0].size(); ++i) {
+          EXPECT_EQ(results[1][i], results[0][i])
+              << (rms ? "add_rms_norm " : "add_layer_norm ") << "width " << width << " delta " << dtype_name(low) << " "
+              << names[i] << " on " << device.str();
+        }
+      }
+    }
+  }
+}
+
+TEST(AddLayerNorm, EqualsAddThenTheNormBitForBit) { expect_add_norm_equals_add_then_norm(Device("cpu")); }
+
+TEST(AddLayerNorm, CudaEqualsAddThenTheNormBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_add_norm_equals_add_then_norm(cuda_device(0));
+}
+
+TEST(AddLayerNorm, BadDeltasNameTheOpAndTheShapes) {
+  const Tensor x = randn({2, 4}), w = randn({4}), b = randn({4});
+  expect_contains(error_of([&] {
+                    add_layer_norm(x, randn({1, 4}), w, b);
+                  }),
+                  {"add_layer_norm", "delta f32[1, 4]", "shape of x f32[2, 4]", "broadcast"});
+  expect_contains(error_of([&] {
+                    add_rms_norm(x.to(DType::bf16), randn({2, 4}), w.to(DType::bf16));
+                  }),
+                  {"add_rms_norm", "delta", "f32", "dtype of x", "bf16"});
+  expect_contains(error_of([&] {
+                    add_layer_norm(x, randn({2, 4}), randn({5}), b);
+                  }),
+                  {"add_layer_norm", "weight", "[4]"});
 }
 
 TEST(LayerNorm, OutputDtypeMustBeFloating) {

@@ -67,6 +67,15 @@ int main(int argc, char** argv) {
                  "hides the last all-reduce) or after (synchronize, then the optimizer)")
       ->capture_default_str()
       ->check(CLI::IsMember({"overlapped", "after"}));
+  int64_t head_chunk_rows = 0;
+  app.add_option("--head-chunk-rows", head_chunk_rows,
+                 "rows of logits the fused LM head forms at a time (0: linear_cross_entropy's default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bool unfused = false;
+  app.add_flag("--unfused", unfused,
+               "separate add, layer_norm, linear_gelu and linear ops in place of add_layer_norm and mlp_gelu "
+               "(the same values; shows what the fusions buy)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -92,10 +101,13 @@ int main(int argc, char** argv) {
       lora.target_modules = gpt_example::split_commas(targets);
       mt::nn::apply_lora(model, lora, &init);
     }
-    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s; %s\n",
+    model.set_fused_ops(!unfused);
+    model.head_chunk_rows = head_chunk_rows;
+    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s; %s\n",
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),
-                device.str().c_str(), amp.c_str(), mt::nn::trainable_parameters_summary(model).c_str());
+                device.str().c_str(), amp.c_str(), unfused ? ", unfused" : "",
+                mt::nn::trainable_parameters_summary(model).c_str());
     MT_CHECK(!(cuda_graph && group), "--cuda-graph is for one process (NCCL is not captured)");
     MT_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --device cuda");
     std::unique_ptr<mt::dist::DistributedDataParallel> ddp;

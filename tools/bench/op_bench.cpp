@@ -6,6 +6,9 @@
 //   gemm           y = x W^T               x [rows, width], W [4 width, width] (the MLP's c_fc), forward
 //   gemm_bias      y = x W^T + b           the same, with the bias in cuBLASLt's epilogue, forward
 //   layer_norm     layer_norm(x, w, b)     x [rows, width], forward + backward of a random dy
+//   add_layer_norm the transformer's residual add and norm: add_layer_norm(x, delta, w, b) with
+//                  an f32 residual stream x and parameters, delta and the normed output in
+//                  --dtype, forward + backward of random gradients of both outputs
 //   attention      causal SDPA             q, k, v [batch, heads, seq, width / heads], forward +
 //                                          backward of a random dO
 //   attention_bthd the same, q, k, v and dO stored [batch, seq, heads, width / heads] and seen
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "core/cuda_context.h"
 #include "examples/gpt/trainer.h"
 #include "ops/ops.h"
@@ -46,15 +50,16 @@
 
 namespace {
 
-const std::vector<std::string> kOps = {"gemm",           "gemm_bias",     "layer_norm", "attention",
-                                       "attention_bthd", "cross_entropy", "adamw"};
+const std::vector<std::string> kOps = {"gemm",      "gemm_bias",      "layer_norm",    "add_layer_norm",
+                                       "attention", "attention_bthd", "cross_entropy", "adamw"};
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
   int64_t width = 768;
   int64_t batch = 16, seq = 1024, heads = 12;  // attention; seq is also wpe's length in adamw
   int64_t vocab = 50304;
-  int64_t layers = 12;  // adamw's parameter set
+  int64_t layers = 12;        // adamw's parameter set
+  int64_t ce_chunk_rows = 0;  // cross_entropy's chunk_rows (0: the op's default)
 };
 
 struct Timing {
@@ -238,6 +243,38 @@ Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes
   return m;
 }
 
+Measurement bench_add_layer_norm(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(5);
+  const mt::DType f32 = mt::DType::f32;
+  std::vector<mt::Tensor> x, delta, w, b, dsum, dy;  // per input set: [R, C] x 2, [C] x 2, [R, C] x 2
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, f32, true), &generator));
+    delta.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype, true), &generator));
+    w.push_back(mt::randn({s.width}, on(timing.device, f32, true), &generator));
+    b.push_back(mt::randn({s.width}, on(timing.device, f32, true), &generator));
+    dsum.push_back(mt::randn({s.rows, s.width}, on(timing.device, f32), &generator));
+    dy.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+  }
+  Measurement m;
+  m.op = "add_layer_norm";
+  m.shape = mt::shape_str(x[0].shape()) + " f32 + " + mt::dtype_name(dtype) + " fwd+bwd";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        const mt::AddNorm r = mt::add_layer_norm(x[k], delta[k], w[k], b[k], 1e-5, dtype);
+        mt::autograd::run_backward({r.sum, r.normed}, {dsum[k], dy[k]}, /*retain_graph=*/false);
+        clear_grads({x[k], delta[k], w[k], b[k]});
+      },
+      &m);
+  // Bytes per element: forward reads x (f32) and delta, writes the sum (f32) and y; backward
+  // reads dy, the sum and dsum (f32), writes dx (f32) and ddelta: 5 f32 and 4 low-precision
+  // rows. Parameters and statistics as layer_norm's, in f32.
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
+  const double es = static_cast<double>(mt::element_size(dtype));
+  m.bytes = (5 * 4 + 4 * es) * R * C + 4 * 5 * C + 2 * 2 * R * 4;
+  return m;
+}
+
 // bthd: the operands are stored [B, T, H, D] and passed as [B, H, T, D] transposed views.
 Measurement bench_attention(const Timing& timing, mt::DType dtype, const Shapes& s, bool bthd) {
   mt::Generator generator(4);
@@ -287,11 +324,14 @@ Measurement bench_cross_entropy(const Timing& timing, mt::DType dtype, const Sha
   }
   Measurement m;
   m.op = "cross_entropy";
-  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T fwd+bwd";
+  m.shape = mt::shape_str(x[0].shape()) + " x " + mt::shape_str(w[0].shape()) + "^T fwd+bwd" +
+            (s.ce_chunk_rows > 0 ? ", chunks of " + std::to_string(s.ce_chunk_rows) : "");
   m.ms = time_op_ms(
       timing, timing.sets,
       [&](int64_t k) {
-        mt::linear_cross_entropy(x[k], w[k], target[k]).backward();
+        mt::LinearCrossEntropyOptions options;
+        options.chunk_rows = s.ce_chunk_rows;
+        mt::linear_cross_entropy(x[k], w[k], target[k], options).backward();
         clear_grads({x[k], w[k]});
       },
       &m);
@@ -408,6 +448,10 @@ int main(int argc, char** argv) {
   app.add_option("--rows", s.rows, "rows (B * T) of gemm, layer_norm and cross_entropy")
       ->capture_default_str()
       ->check(gpt_example::positive());
+  app.add_option("--ce-chunk-rows", s.ce_chunk_rows,
+                 "cross_entropy's rows of logits at a time (0: linear_cross_entropy's default)")
+      ->capture_default_str()
+      ->check(gpt_example::non_negative());
   app.add_option("--width", s.width, "model width C")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--batch", s.batch, "attention batch B")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--seq", s.seq, "attention sequence length T (also wpe's rows in adamw)")
@@ -470,6 +514,8 @@ int main(int argc, char** argv) {
         m = bench_gemm(timing, dtype, s, /*with_bias=*/op == "gemm_bias");
       } else if (op == "layer_norm") {
         m = bench_layer_norm(timing, dtype, s);
+      } else if (op == "add_layer_norm") {
+        m = bench_add_layer_norm(timing, dtype, s);
       } else if (op == "attention" || op == "attention_bthd") {
         m = bench_attention(timing, dtype, s, /*bthd=*/op == "attention_bthd");
       } else if (op == "cross_entropy") {

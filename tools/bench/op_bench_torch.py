@@ -4,6 +4,8 @@
   gemm           F.linear(x, W)                      x [rows, width], W [4 width, width], forward
   gemm_bias      F.linear(x, W, b)                   the same with a bias, forward
   layer_norm     F.layer_norm                        x [rows, width], forward + backward of a random dy
+  add_layer_norm x + delta, then F.layer_norm under autocast (an f32 stream x, w, b; delta and the
+                 output in --dtype), forward + backward of random gradients of the sum and the output
   attention      F.scaled_dot_product_attention(is_causal=True) on q, k, v [batch, heads, seq, width / heads],
                  forward + backward of a random dO
   cross_entropy  F.cross_entropy(F.linear(x, W).float(), target), x [rows, width], W [vocab, width],
@@ -24,7 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-OPS = ("gemm", "gemm_bias", "layer_norm", "attention", "attention_bthd", "cross_entropy", "adamw")
+OPS = ("gemm", "gemm_bias", "layer_norm", "add_layer_norm", "attention", "attention_bthd", "cross_entropy", "adamw")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
@@ -99,6 +101,27 @@ def bench_layer_norm(args, dtype):
     def body(k):
         clear_grads(x[k], w[k], b[k])
         F.layer_norm(x[k], (args.width,), w[k], b[k], eps=1e-5).backward(dy[k])
+
+    return time_op_ms(body, args.sets, args)
+
+
+def bench_add_layer_norm(args, dtype):
+    def leaf(*shape, dt=torch.float32):
+        return torch.randn(*shape, device="cuda", dtype=dt, requires_grad=True)
+
+    x = [leaf(args.rows, args.width) for _ in range(args.sets)]
+    delta = [leaf(args.rows, args.width, dt=dtype) for _ in range(args.sets)]
+    w = [leaf(args.width) for _ in range(args.sets)]
+    b = [leaf(args.width) for _ in range(args.sets)]
+    dsum = [torch.randn(args.rows, args.width, device="cuda") for _ in range(args.sets)]
+    dy = [torch.randn(args.rows, args.width, device="cuda", dtype=dtype) for _ in range(args.sets)]
+
+    def body(k):
+        clear_grads(x[k], delta[k], w[k], b[k])
+        with torch.autocast("cuda", dtype=dtype):
+            s = x[k] + delta[k]
+            y = F.layer_norm(s, (args.width,), w[k], b[k], eps=1e-5).to(dtype)
+        torch.autograd.backward([s, y], [dsum[k], dy[k]])
 
     return time_op_ms(body, args.sets, args)
 
@@ -212,6 +235,8 @@ def main():
             ms, how = bench_gemm(args, dtype, with_bias=op == "gemm_bias")
         elif op == "layer_norm":
             ms, how = bench_layer_norm(args, dtype)
+        elif op == "add_layer_norm":
+            ms, how = bench_add_layer_norm(args, dtype)
         elif op in ("attention", "attention_bthd"):
             ms, how = bench_attention(args, dtype, bthd=op == "attention_bthd")
         elif op == "cross_entropy":
