@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "autograd/grad_mode.h"
+#include "core/cuda_context.h"
 #include "core/error.h"
 
 namespace mt {
@@ -19,6 +20,7 @@ struct DeviceTypeState {
 
 struct CacheEntry {
   std::weak_ptr<TensorImpl> source;  // identity check: a freed and reused address is not a hit
+  std::weak_ptr<Storage> storage;    // the source's storage: Module::to() swaps it in place (set_data)
   uint64_t version = 0;
   Tensor cast;
   bool kept = false;  // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
@@ -34,22 +36,40 @@ struct AutocastState {
 
 thread_local AutocastState t_state;
 
+// Whether `e` still describes t as it is now: the same tensor, storage and version.
+bool still_valid(const CacheEntry& e, const Tensor& t) {
+  return e.source.lock().get() == t.impl() && e.storage.lock() == t.storage() && e.version == t.version();
+}
+
+// Drops every entry but the kept copies whose tensor lives on unchanged (entering and leaving
+// the outermost region, so that a freed model's copies do not wait for the next region's end).
+void prune_cache() {
+  for (auto it = t_state.cache.begin(); it != t_state.cache.end();) {
+    const CacheEntry& e = it->second;
+    const std::shared_ptr<TensorImpl> source = e.source.lock();
+    const std::shared_ptr<Storage> storage = e.storage.lock();
+    const bool keep = e.kept && source != nullptr && storage != nullptr && source->storage == storage &&
+                      storage->version() == e.version;
+    it = keep ? std::next(it) : t_state.cache.erase(it);
+  }
+}
+
 DeviceTypeState& for_type(DeviceType t) { return t_state.per_type[static_cast<int>(t)]; }
 
 // t in `target`; recorded (a Cast node, whose backward casts the gradient back) or not (a plain
 // copy, for an op that records t itself and writes its gradient in t's dtype).
 Tensor cast_to(const Tensor& t, DType target, bool recorded) {
   if (t.dtype() == target) return t;
-  // Unrecorded copies of frozen leaves are kept across regions (operand_copies: parameters).
-  const bool kept = !recorded && t.dtype() == DType::f32 && !t.requires_grad() && t.is_leaf();
+  // Unrecorded copies of frozen leaves are kept across regions (operand_copies: parameters);
+  // not while a CUDA Graph is captured, whose replays must cast the weight as it is then.
+  const bool kept = !recorded && t.dtype() == DType::f32 && !t.requires_grad() && t.is_leaf() && !cuda::capturing();
   const bool cacheable = kept || (t.dtype() == DType::f32 && t.requires_grad() && t.is_leaf());
   const auto key = std::make_tuple(static_cast<const TensorImpl*>(t.impl()), target, recorded);
   if (cacheable) {
     auto it = t_state.cache.find(key);
     // A kept copy serves only while its tensor is still frozen; a cached trainable one only
     // while the tensor still requires grad.
-    if (it != t_state.cache.end() && it->second.source.lock().get() == t.impl() && it->second.version == t.version() &&
-        it->second.kept == kept) {
+    if (it != t_state.cache.end() && still_valid(it->second, t) && it->second.kept == kept) {
       return it->second.cast;
     }
   }
@@ -61,7 +81,7 @@ Tensor cast_to(const Tensor& t, DType target, bool recorded) {
     cast = t.to(target);
   }
   ++t_state.casts;
-  if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.version(), cast, kept};
+  if (cacheable) t_state.cache[key] = CacheEntry{t.impl_ptr(), t.storage(), t.version(), cast, kept};
   return cast;
 }
 
@@ -75,21 +95,13 @@ AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled)
              dtype_name(dtype));
   for_type(device_type).enabled = enabled;
   for_type(device_type).dtype = dtype;
-  ++t_state.depth;
+  if (t_state.depth++ == 0) prune_cache();
 }
 
 AutocastGuard::~AutocastGuard() {
   for_type(device_type_).enabled = previous_enabled_;
   for_type(device_type_).dtype = previous_dtype_;
-  if (--t_state.depth == 0) {
-    // Kept copies stay while their tensor lives and is unchanged; everything else goes.
-    for (auto it = t_state.cache.begin(); it != t_state.cache.end();) {
-      const CacheEntry& e = it->second;
-      const std::shared_ptr<TensorImpl> source = e.source.lock();
-      const bool keep = e.kept && source != nullptr && source->storage->version() == e.version;
-      it = keep ? std::next(it) : t_state.cache.erase(it);
-    }
-  }
+  if (--t_state.depth == 0) prune_cache();
 }
 
 namespace autocast {

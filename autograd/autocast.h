@@ -29,7 +29,9 @@
 // (requires_grad false: a LoRA base's weights, a frozen tied embedding): those stay
 // for the next region while their tensor lives, is unchanged (same version) and
 // stays frozen, so a frozen base is cast once, not at every step. They cost the
-// memory of one low-precision copy per frozen weight.
+// memory of one low-precision copy per frozen weight, and are dropped when their
+// tensor is freed (at the next region's start or end). A CUDA Graph capture keeps
+// none: its replays cast the weights as they are at each replay.
 #pragma once
 
 #include <cstdint>

@@ -81,7 +81,8 @@ class GPT : public Module {
   void set_checkpointing(const GPTCheckpointing& checkpointing);
   // On (the default): residual adds fused into the norms after them (add_layer_norm) and each
   // MLP one mlp_gelu. Off: separate add, layer_norm, linear_gelu and linear ops, the same
-  // values; for measuring what the fusions buy (tools/bench/gpt_step --unfused).
+  // values while the residual stream is f32 (f32 parameters, with or without autocast); for
+  // measuring what the fusions buy (tools/bench/gpt_step --unfused).
   void set_fused_ops(bool on);
   // Rows of logits loss() forms at a time (LinearCrossEntropyOptions::chunk_rows; 0: the op's
   // default). Fewer, larger chunks run the head's GEMMs at a better rate for more memory.

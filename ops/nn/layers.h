@@ -61,7 +61,8 @@ class LayerNorm : public Module {
   // values as an f32 output cast afterwards; one pass over the activations fewer in
   // forward and in backward). Off: the output has the input's dtype, as in PyTorch.
   bool output_in_autocast_dtype = false;
-  // Off: forward_add is add() and then forward(), two ops (the same values), so that a
+  // Off: forward_add is add() and then forward(), two ops (the same values for an f32 x; under
+  // autocast a half x is added in its own dtype by add() but widened by add_layer_norm), so that a
   // benchmark can show what the fusion buys (GPT::set_fused_ops).
   bool fuse_add = true;
 };

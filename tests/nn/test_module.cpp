@@ -1,6 +1,7 @@
 // Modules: names, modes, placement, freezing and state round trips.
 #include <cstdio>
 
+#include "autograd/autocast.h"
 #include "core/view.h"
 #include "ops/nn/layers.h"
 #include "ops/ops.h"
@@ -177,6 +178,26 @@ TEST(Module, DropoutIsTheIdentityInEval) {
   EXPECT_EQ(sum(d.forward(x)).item(), 1000.0);
   d.train();
   EXPECT_NE(sum(d.forward(x)).item(), 1000.0);
+}
+
+// Autocast keeps its copy of a frozen weight across regions (Note [Autocast cast cache]), but
+// Module::to() gives the weight a new storage in place: the next region must cast that, not
+// serve the copy of the old one, even when both storages are at the same version.
+TEST(Module, ToGivesAFrozenWeightANewAutocastCopy) {
+  Linear layer(LinearOptions(4, 3).bias(false));
+  layer.weight.requires_grad_(false);
+  const Tensor x = ones({2, 4}, DType::bf16);
+  const auto casts_of_a_step = [&] {
+    AutocastGuard amp(DeviceType::cpu, DType::bf16);
+    const uint64_t before = autocast::cast_count();
+    layer.forward(x);
+    return autocast::cast_count() - before;
+  };
+  EXPECT_EQ(casts_of_a_step(), 1u);
+  EXPECT_EQ(casts_of_a_step(), 0u);
+  layer.to(DType::f64);
+  layer.to(DType::f32);  // the same values, in a storage of its own
+  EXPECT_EQ(casts_of_a_step(), 1u);
 }
 
 TEST(Module, ToDeviceMovesEveryTensor) {

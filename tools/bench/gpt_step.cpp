@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   bool unfused = false;
   app.add_flag("--unfused", unfused,
                "separate add, layer_norm, linear_gelu and linear ops in place of add_layer_norm and mlp_gelu "
-               "(the same values; shows what the fusions buy)");
+               "(the same values for the model's f32 residual stream; shows what the fusions buy)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
