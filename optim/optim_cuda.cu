@@ -6,6 +6,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
+#include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "optim/multi_tensor.cuh"
@@ -46,15 +47,11 @@ struct AdvanceStepOp {
   }
 };
 
-// kVec consecutive elements, loaded or stored as one access (16 bytes for f32).
-template <typename E, int kVec>
-struct alignas(sizeof(E) * kVec) Vec {
-  E e[kVec];
-};
-
+// Whether p can be read and written as whole packs of kVec elements (cuda::aligned_to is the
+// host's twin).
 template <int kVec, typename E>
 __device__ __forceinline__ bool vec_aligned(const E* p) {
-  return reinterpret_cast<uintptr_t>(p) % sizeof(Vec<E, kVec>) == 0;
+  return reinterpret_cast<uintptr_t>(p) % sizeof(cuda::Pack<E, kVec>) == 0;
 }
 
 // Lists: param (T), grad (T), exp_avg (A), exp_avg_sq (A), step (i64, one element),
@@ -69,41 +66,41 @@ struct AdamWOp {
   AdamWArgs args;
   const float* found_inf;
 
-  // Elements [i, i + n) in one go, n <= kVec; vectorised: whole Vec accesses (n == kVec).
+  // Elements [i, i + n) in one go, n <= kVec; vectorised: whole-pack accesses (n == kVec).
   template <bool kVectorised>
   __device__ __forceinline__ void update(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master, int64_t i,
                                          int n, const AdamWCoefficients& c) const {
     using A = acc_t<T>;
-    Vec<T, kVec> p_low{}, g{};  // zeros past n: harmless values for the unrolled update
-    Vec<A, kVec> mv{}, vv{}, p{};
+    cuda::Pack<T, kVec> p_low{}, g{};  // zeros past n: harmless values for the unrolled update
+    cuda::Pack<A, kVec> mv{}, vv{}, p{};
     if constexpr (kVectorised) {
-      g = *reinterpret_cast<const Vec<T, kVec>*>(grad + i);
-      mv = *reinterpret_cast<const Vec<A, kVec>*>(m + i);
-      vv = *reinterpret_cast<const Vec<A, kVec>*>(v + i);
-      if constexpr (kMaster) p = *reinterpret_cast<const Vec<A, kVec>*>(master + i);
-      if constexpr (!kMaster) p_low = *reinterpret_cast<const Vec<T, kVec>*>(param + i);
+      g = *reinterpret_cast<const cuda::Pack<T, kVec>*>(grad + i);
+      mv = *reinterpret_cast<const cuda::Pack<A, kVec>*>(m + i);
+      vv = *reinterpret_cast<const cuda::Pack<A, kVec>*>(v + i);
+      if constexpr (kMaster) p = *reinterpret_cast<const cuda::Pack<A, kVec>*>(master + i);
+      if constexpr (!kMaster) p_low = *reinterpret_cast<const cuda::Pack<T, kVec>*>(param + i);
     } else {
       for (int k = 0; k < n; ++k) {
-        g.e[k] = grad[i + k], mv.e[k] = m[i + k], vv.e[k] = v[i + k];
-        if constexpr (kMaster) p.e[k] = master[i + k];
-        if constexpr (!kMaster) p_low.e[k] = param[i + k];
+        g.v[k] = grad[i + k], mv.v[k] = m[i + k], vv.v[k] = v[i + k];
+        if constexpr (kMaster) p.v[k] = master[i + k];
+        if constexpr (!kMaster) p_low.v[k] = param[i + k];
       }
     }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      if (!kMaster) p.e[k] = convert<A>(p_low.e[k]);
-      adamw_update<A>(p.e[k], convert<A>(g.e[k]), mv.e[k], vv.e[k], c);
-      p_low.e[k] = convert<T>(p.e[k]);
+      if (!kMaster) p.v[k] = convert<A>(p_low.v[k]);
+      adamw_update<A>(p.v[k], convert<A>(g.v[k]), mv.v[k], vv.v[k], c);
+      p_low.v[k] = convert<T>(p.v[k]);
     }
     if constexpr (kVectorised) {
-      *reinterpret_cast<Vec<A, kVec>*>(m + i) = mv;
-      *reinterpret_cast<Vec<A, kVec>*>(v + i) = vv;
-      if constexpr (kMaster) *reinterpret_cast<Vec<A, kVec>*>(master + i) = p;
-      *reinterpret_cast<Vec<T, kVec>*>(param + i) = p_low;
+      *reinterpret_cast<cuda::Pack<A, kVec>*>(m + i) = mv;
+      *reinterpret_cast<cuda::Pack<A, kVec>*>(v + i) = vv;
+      if constexpr (kMaster) *reinterpret_cast<cuda::Pack<A, kVec>*>(master + i) = p;
+      *reinterpret_cast<cuda::Pack<T, kVec>*>(param + i) = p_low;
     } else {
       for (int k = 0; k < n; ++k) {
-        m[i + k] = mv.e[k], v[i + k] = vv.e[k], param[i + k] = p_low.e[k];
-        if constexpr (kMaster) master[i + k] = p.e[k];
+        m[i + k] = mv.v[k], v[i + k] = vv.v[k], param[i + k] = p_low.v[k];
+        if constexpr (kMaster) master[i + k] = p.v[k];
       }
     }
   }
@@ -119,7 +116,7 @@ struct AdamWOp {
     A* m = static_cast<A*>(block.ptr[2]);
     A* v = static_cast<A*>(block.ptr[3]);
     A* master = kMaster ? static_cast<A*>(block.ptr[kDepth - 1]) : nullptr;
-    // A chunk starts at a multiple of the chunk size (a multiple of kVec), so whole-Vec
+    // A chunk starts at a multiple of the chunk size (a multiple of kVec), so whole-pack
     // accesses need only the tensors themselves aligned, as the allocator's are; views at an
     // odd offset take the element loop.
     const bool aligned = vec_aligned<kVec>(param) && vec_aligned<kVec>(grad) && vec_aligned<kVec>(m) &&
