@@ -502,20 +502,26 @@ TEST(LayerNorm, CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
 }
 
 // Narrow rows, GPT-2 small's 768 and its neighbours, and rows past 1024 columns: the widths at
-// which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane).
+// which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane,
+// in 16-byte packs when the width is a multiple of 4 f32 elements and the rows are aligned: 38
+// columns, or an x that starts one element into its storage, take one element per access).
 // Output and every gradient against the CPU in f32, relative L2 within 1e-5.
 TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(31);
-  for (const int64_t width : {36, 700, 768, 1000, 1500}) {
+  for (const int64_t width : {36, 38, 700, 768, 1000, 1500}) {
     for (const bool rms : {false, true}) {
-      const Tensor x0 = randn({67, width}, DType::f32, &gen) * 1.5 + 0.25;
+      // One element more, so that x can also start one element in (an unaligned view).
+      const bool offset = width == 768 && rms;
+      const Tensor stored = randn({67 * width + 1}, DType::f32, &gen) * 1.5 + 0.25;
+      const int64_t first = offset ? 1 : 0;
       const Tensor w0 = randn({width}, DType::f32, &gen), b0 = randn({width}, DType::f32, &gen);
       const Tensor dy = randn({67, width}, DType::f32, &gen);
       std::vector<std::vector<double>> results[2];
       for (const int on_cuda : {0, 1}) {
         const Device device = on_cuda ? cuda_device(0) : Device("cpu");
-        Tensor x = raw::to(x0, device).requires_grad_(), w = raw::to(w0, device).requires_grad_();
+        Tensor x = raw::to(stored, device).narrow(0, first, 67 * width).view({67, width}).requires_grad_();
+        Tensor w = raw::to(w0, device).requires_grad_();
         Tensor b = raw::to(b0, device).requires_grad_();
         const Tensor y = rms ? rms_norm(x, w, 1e-5) : layer_norm(x, w, b, 1e-5);
         y.backward(raw::to(dy, device));
