@@ -1,5 +1,6 @@
 // Op-contract cases for the element-wise, reduction and shape families, plus
 // behaviour the contract does not cover (broadcast errors, promotion).
+#include "autograd/node.h"
 #include "ops/ops.h"
 #include "tests/ops/op_contract.h"
 #include "tests/test_util.h"
@@ -14,6 +15,7 @@ MT_OP_CASE(OpCase("add", "add_broadcast").inputs({{2, 3}, {3}}).compute([](const
 MT_OP_CASE(OpCase("add", "add_scalar").inputs({{4}}).compute([](const In& x) { return x[0] + 2.5; }));
 MT_OP_CASE(OpCase("sub", "sub_broadcast").inputs({{2, 1, 3}, {4, 1}}).compute([](const In& x) { return x[0] - x[1]; }));
 MT_OP_CASE(OpCase("mul", "mul_broadcast").inputs({{3, 4}, {3, 1}}).compute([](const In& x) { return x[0] * x[1]; }));
+MT_OP_CASE(OpCase("mul", "mul_self").inputs({{3, 4}}).compute([](const In& x) { return x[0] * x[0]; }));
 MT_OP_CASE(OpCase("mul", "mul_scalar").inputs({{5}}).compute([](const In& x) { return x[0] * -3.0; }));
 MT_OP_CASE(OpCase("div", "div_broadcast").inputs({{2, 3}, {3}}).draw(Values::positive).compute([](const In& x) {
   return x[0] / x[1];
@@ -120,6 +122,35 @@ TEST(Elementwise, GradientOfPromotedInputKeepsItsDtype) {
   sum(a * b).backward();
   EXPECT_EQ(a.grad().dtype(), DType::f16);
   EXPECT_EQ(b.grad().dtype(), DType::f32);
+}
+
+// mul(x, x) records one node with one edge (one backward kernel): its output and x's gradient
+// must equal those of x times an equal but separate leaf y, x.grad + y.grad, bit for bit.
+void expect_square_equals_product_of_two_leaves(Device device) {
+  Generator gen(17);
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor values = randn({1037}, DType::f32, &gen).to(dtype).to(device);
+    const Tensor dy = randn({1037}, DType::f32, &gen).to(dtype).to(device);
+    Tensor x = values.clone().requires_grad_();
+    const Tensor square = mul(x, x);
+    square.backward(dy);
+    Tensor a = values.clone().requires_grad_(), b = values.clone().requires_grad_();
+    const Tensor product = mul(a, b);
+    product.backward(dy);
+    EXPECT_EQ(square.grad_fn()->next_edges.size(), 1u);
+    EXPECT_EQ(square.to_vector<double>(), product.to_vector<double>()) << dtype_name(dtype) << " on " << device.str();
+    EXPECT_EQ(x.grad().to_vector<double>(), add(a.grad(), b.grad()).to_vector<double>())
+        << dtype_name(dtype) << " on " << device.str();
+  }
+}
+
+TEST(Elementwise, ATensorTimesItselfEqualsTheProductOfTwoEqualLeaves) {
+  expect_square_equals_product_of_two_leaves(Device("cpu"));
+}
+
+TEST(Elementwise, CudaATensorTimesItselfEqualsTheProductOfTwoEqualLeaves) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_square_equals_product_of_two_leaves(cuda_device(0));
 }
 
 // On CUDA an f32 with an f16/bf16 operand of the same shape runs one kernel that widens

@@ -503,8 +503,9 @@ TEST(LayerNorm, CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
 
 // Narrow rows, GPT-2 small's 768 and its neighbours, and rows past 1024 columns: the widths at
 // which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane,
-// in 16-byte packs when the width is a multiple of 4 f32 elements and the rows are aligned: 38
-// columns, or an x that starts one element into its storage, take one element per access).
+// in packs of 8 columns when the width is a multiple of 8 and the rows are aligned: 768 and 1000
+// columns; 36, 38 and 700 columns, or an x that starts one element into its storage, take one
+// element per access).
 // Output and every gradient against the CPU in f32, relative L2 within 1e-5.
 TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
   MT_SKIP_WITHOUT_CUDA();
@@ -777,6 +778,15 @@ TEST_P(SoftmaxLossNormCudaLarge, ShapesMatchF64Cpu) {
                           [](const In& x) {
                             LinearCrossEntropyOptions o;
                             o.chunk_rows = 256;
+                            return linear_cross_entropy(x[0], x[1], x[2], o);
+                          });
+  // GPT-2's padded vocabulary, a multiple of 8: the fused softmax's 16-byte packs (50257 takes
+  // one logit at a time).
+  expect_cuda_matches_f64("linear_cross_entropy_vocab_packed", {normal({300, 64}), normal({50304, 64}, 0.3)},
+                          raw::to(uniform({300}, 0, 50303.999, DType::f64, &gen), DType::i64), dtype, tol,
+                          [](const In& x) {
+                            LinearCrossEntropyOptions o;
+                            o.chunk_rows = 128;
                             return linear_cross_entropy(x[0], x[1], x[2], o);
                           });
   expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
