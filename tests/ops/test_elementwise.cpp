@@ -1,5 +1,8 @@
 // Op-contract cases for the element-wise, reduction and shape families, plus
 // behaviour the contract does not cover (broadcast errors, promotion).
+#include <cmath>
+#include <functional>
+
 #include "autograd/node.h"
 #include "ops/ops.h"
 #include "tests/ops/op_contract.h"
@@ -203,6 +206,36 @@ TEST(Reduction, SumMeanMaxVarValues) {
   EXPECT_EQ(max(x).item(), 6.0);
   EXPECT_NEAR(var(x).item(), 3.5, 1e-12);
   EXPECT_EQ(sum(x, {0}, true).shape(), (Shape{1, 3}));
+}
+
+// Long rows of a contiguous input take the split-row kernels on CUDA (partials, then their
+// reduction): a full sum and mean of 65536 elements, sums and maxima of rows of 20001 (a partial
+// last split), against the f64 CPU within 1e-5 relative (f32) or 1e-2 (bf16); and short rows,
+// which keep one block per output.
+TEST(Reduction, CudaLongRowsMatchTheCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(41);
+  const Tensor flat = randn({64, 1024}, DType::f64, &gen) + 0.5;
+  const Tensor rows = randn({3, 20001}, DType::f64, &gen);
+  const Tensor short_rows = randn({5, 700}, DType::f64, &gen);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+    auto check = [&](const char* what, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
+      const Tensor rounded = x.to(dtype);
+      const std::vector<double> want = fn(rounded.to(DType::f64)).to_vector<double>();
+      const std::vector<double> got = fn(rounded.to(cuda_device(0))).to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+            << what << " " << dtype_name(dtype) << " [" << i << "]";
+      }
+    };
+    check("sum of all", flat, [](const Tensor& x) { return sum(x); });
+    check("mean of all", flat, [](const Tensor& x) { return mean(x); });
+    check("row sums", rows, [](const Tensor& x) { return sum(x, {1}); });
+    check("row maxima", rows, [](const Tensor& x) { return max(x, 1); });
+    check("short row sums", short_rows, [](const Tensor& x) { return sum(x, {1}); });
+  }
 }
 
 TEST(Reduction, MaxGradientIsSharedAmongTies) {
