@@ -7,7 +7,6 @@
 // row groups (column tiles of 32 threads, so reads are coalesced). Either way one
 // pass then sums the partial rows per column; deterministic, no atomics.
 #include <algorithm>
-#include <atomic>
 #include <initializer_list>
 #include <type_traits>
 
@@ -31,33 +30,11 @@ constexpr int kMaxPerLane = 32;     // row elements a lane may hold in the warp-
 constexpr int64_t kWarpRowCols = rowwise::kWarpSize * kMaxPerLane;  // widest row they take (1024)
 constexpr int kWarpRowBlock = 256;          // threads per block of the warp-per-row kernels: 8 rows at a time
 constexpr int64_t kMaxWarpRowGroups = 512;  // blocks (parameter-gradient partial rows) of the warp-per-row backward
-constexpr int kMaxDevices = 64;
 
 // The warp-per-row kernels' grid: kWarpRowBlock / 32 rows per block, capped (the kernels loop).
 inline unsigned warp_row_grid(int64_t rows) {
   constexpr int64_t kRowsPerBlock = kWarpRowBlock / rowwise::kWarpSize;
   return rowwise::row_grid((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-}
-
-// At most `wanted` blocks of kWarpRowBlock threads, and no more than the device's SMs hold at once:
-// the rows a resident grid leaves over are looped over by the same warps, which load each next
-// row while they finish the last. The occupancy is read once per kernel, the SM count once per
-// device.
-template <typename Kernel>
-unsigned resident_grid(Kernel kernel, int device, unsigned wanted) {
-  static const int blocks_per_sm = [&] {
-    int n = 0;
-    MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarpRowBlock, 0));
-    return std::max(n, 1);
-  }();
-  static std::atomic<int> sm_counts[kMaxDevices];  // 0: not read yet
-  MT_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "norm: device index ", device, " out of range");
-  int sms = sm_counts[device].load();
-  if (sms == 0) {
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    sm_counts[device].store(sms);
-  }
-  return std::min<unsigned>(wanted, static_cast<unsigned>(sms * blocks_per_sm));
 }
 
 // Calls fn(std::integral_constant<int, N>) with the fewest elements per lane, N in {8, 24, 32},
@@ -138,16 +115,6 @@ __device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, in
   }
 }
 
-// The same as kChunks packs of kVec elements, zero past the row's end.
-template <int kChunks, int kVec, typename E>
-__device__ __forceinline__ void load_packs(const E* __restrict__ row, int lane, int cols, cuda::Pack<E, kVec>* out) {
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int c = chunk_col<kVec>(lane, j);
-    out[j] = c < cols ? *reinterpret_cast<const cuda::Pack<E, kVec>*>(row + c) : cuda::Pack<E, kVec>{};
-  }
-}
-
 // The forward of norm_forward_kernel below for rows of at most kPerLane * 32 columns, held in
 // registers (chunk_col's layout). With a delta the row is x + delta, also written to sum.
 template <typename T, typename Y, typename D, NormKind kKind, int kPerLane, int kVec>
@@ -161,45 +128,27 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   constexpr int kChunks = kPerLane / kVec;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int64_t warps = blockDim.x / kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
-  // The next row's inputs are loaded before this row is reduced and stored, so that a warp keeps
-  // loads in flight through its reductions (the grid is sized to stay resident: a warp visits
-  // several rows). They wait as packs, two half elements to a register.
-  using XPack = cuda::Pack<T, kVec>;
-  using DPack = cuda::Pack<D, kVec>;
-  XPack next_x[kChunks];
-  DPack next_delta[kChunks];
-  auto load_inputs = [&](int64_t row) {
-    load_packs<kChunks>(x + row * cols, lane, cols, next_x);
-    if (delta != nullptr) load_packs<kChunks>(delta + row * cols, lane, cols, next_delta);
-  };
-  int64_t r = blockIdx.x * warps + threadIdx.x / kLanes;
-  if (r < rows) load_inputs(r);
-  for (; r < rows; r += stride) {
+  for (int64_t r = blockIdx.x * warps + threadIdx.x / kLanes; r < rows; r += gridDim.x * warps) {
     const int64_t base = r * cols;
-    XPack xs[kChunks];
-    DPack ds[kChunks];
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      xs[j] = next_x[j];
-      ds[j] = next_delta[j];
-    }
-    if (r + stride < rows) load_inputs(r + stride);  // before the first store
+    T xs[kPerLane];
+    load_row<kPerLane, kVec>(x + base, lane, cols, xs);
     if (delta != nullptr) {
+      D ds[kPerLane];
+      load_row<kPerLane, kVec>(delta + base, lane, cols, ds);  // every load issued before the first store
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int c = chunk_col<kVec>(lane, j);
         if (c >= cols) continue;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) xs[j].v[i] = residual_sum(xs[j].v[i], ds[j].v[i]);
-        *reinterpret_cast<XPack*>(sum + base + c) = xs[j];
+        for (int i = 0; i < kVec; ++i) xs[j * kVec + i] = residual_sum(xs[j * kVec + i], ds[j * kVec + i]);
+        store_chunk<kVec>(sum + base + c, xs + j * kVec);
       }
     }
     A v[kPerLane];
     A row_sum = 0;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
-      v[e] = convert<A>(xs[e / kVec].v[e % kVec]);  // slots past the row hold 0
+      v[e] = convert<A>(xs[e]);  // slots past the row hold 0
       row_sum += v[e];
     }
     A mu = 0;
@@ -553,11 +502,11 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
     const std::initializer_list<const Tensor*> operands = {&y, &x, &weight, &bias, &residual.sum, &residual.delta};
     dispatch_per_lane(cols, [&](auto per_lane) {
       dispatch_vector_width(cols, operands, [&](auto vec) {
-        const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, decltype(per_lane)::value, decltype(vec)::value>;
-        kernel<<<resident_grid(kernel, x.device().index, warp_row_grid(rows)), kWarpRowBlock, 0, stream.handle()>>>(
-            static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
-            static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
-            data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
+        norm_forward_warp_kernel<T, Y, D, kKind, decltype(per_lane)::value, decltype(vec)::value>
+            <<<warp_row_grid(rows), kWarpRowBlock, 0, stream.handle()>>>(
+                static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
+                static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
+                data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
       });
     });
     return true;
