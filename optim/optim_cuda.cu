@@ -177,6 +177,20 @@ MultiTensorConfig elementwise_config(const std::vector<std::array<Tensor, Depth>
   return config;
 }
 
+// fn(tag of T, list) for each floating dtype T among the tensors, with those of that dtype: one
+// multi-tensor launch per dtype.
+template <typename Fn>
+void for_each_dtype(const std::vector<Tensor>& tensors, const char* name, Fn&& fn) {
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    std::vector<std::array<Tensor, 1>> list;
+    for (const Tensor& t : tensors) {
+      if (t.dtype() == dtype) list.push_back({t});
+    }
+    if (list.empty()) continue;
+    dispatch_floating(dtype, name, [&](auto tag) { fn(tag, list); });
+  }
+}
+
 }  // namespace
 
 // ---- entry points ----
@@ -184,34 +198,20 @@ MultiTensorConfig elementwise_config(const std::vector<std::array<Tensor, Depth>
 void unscale_cuda(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) {
   if (grads.empty()) return;
   const cuda::Stream stream = cuda::current_stream(scale.device().index);
-  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
-    std::vector<std::array<Tensor, 1>> list;
-    for (const Tensor& g : grads) {
-      if (g.dtype() == dtype) list.push_back({g});
-    }
-    if (list.empty()) continue;
-    dispatch_floating(dtype, "unscale_", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      multi_tensor_apply<1>(list, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()}, stream.handle(),
-                            elementwise_config(list));
-    });
-  }
+  for_each_dtype(grads, "unscale_", [&](auto tag, const std::vector<std::array<Tensor, 1>>& list) {
+    using T = typename decltype(tag)::type;
+    multi_tensor_apply<1>(list, UnscaleOp<T>{scale.data<float>(), found_inf.data<float>()}, stream.handle(),
+                          elementwise_config(list));
+  });
 }
 
 void zero_cuda(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   const cuda::Stream stream = cuda::current_stream(tensors.front().device().index);
-  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
-    std::vector<std::array<Tensor, 1>> list;
-    for (const Tensor& t : tensors) {
-      if (t.dtype() == dtype) list.push_back({t});
-    }
-    if (list.empty()) continue;
-    dispatch_floating(dtype, "zero_grad", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      multi_tensor_apply<1>(list, ZeroOp<T>{}, stream.handle(), elementwise_config(list));
-    });
-  }
+  for_each_dtype(tensors, "zero_grad", [&](auto tag, const std::vector<std::array<Tensor, 1>>& list) {
+    using T = typename decltype(tag)::type;
+    multi_tensor_apply<1>(list, ZeroOp<T>{}, stream.handle(), elementwise_config(list));
+  });
 }
 
 void adamw_cuda(const std::vector<AdamWTensors>& list, const AdamWArgs& args, const Tensor& found_inf) {

@@ -55,6 +55,20 @@ __global__ void reduce_columns_kernel(Out* out, const In* in, int64_t cols, int6
   }
 }
 
+// The kReduceThreads threads' values combined in a fixed tree order through `partial`
+// (shared, kReduceThreads long); every thread gets the result.
+template <typename A>
+__device__ __forceinline__ A combine_block(A acc, A* partial, ReduceKind kind) {
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kReduceThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width)
+      partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
+    __syncthreads();
+  }
+  return partial[0];
+}
+
 // out[o * gridDim.x + s] = reduce of in[o * inner + i] over i in split s of row o = blockIdx.y:
 // [s * per_split, +per_split) (blockIdx.x = s). No index arithmetic per element.
 template <typename In, typename Out, typename A>
@@ -65,14 +79,8 @@ __global__ void reduce_rows_kernel(Out* out, const In* in, int64_t inner, int64_
   const int64_t end = begin + per_split < inner ? begin + per_split : inner;
   A acc = reduce_identity<A>(kind);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc = reduce_combine(kind, acc, convert<A>(row[i]));
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  for (int width = kReduceThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width)
-      partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = convert<Out>(partial[0]);
+  acc = combine_block(acc, partial, kind);
+  if (threadIdx.x == 0) out[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = convert<Out>(acc);
 }
 
 template <typename T>
@@ -85,15 +93,9 @@ __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedInd
     for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) {
       acc = reduce_combine(kind, acc, convert<A>(in[ii.offset(o * inner + i)]));
     }
-    partial[threadIdx.x] = acc;
-    __syncthreads();
-    for (int width = kReduceThreads / 2; width > 0; width /= 2) {
-      if (threadIdx.x < width)
-        partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) out[oi.offset(o)] = convert<T>(partial[0]);
-    __syncthreads();
+    acc = combine_block(acc, partial, kind);
+    if (threadIdx.x == 0) out[oi.offset(o)] = convert<T>(acc);
+    __syncthreads();  // before the next output's values overwrite `partial`
   }
 }
 
