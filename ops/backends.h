@@ -27,8 +27,8 @@ void set_deterministic_algorithms(bool on);
 // cuBLASLt's heuristic lists and keeps the fastest for the process; off, it keeps the
 // heuristic's first. The timing makes that first call slower and synchronises with the device,
 // and two processes may time different winners, whose results can differ in the last bits: so
-// it is skipped while deterministic_algorithms() is on and while a CUDA Graph is being captured
-// (those problems keep the heuristic's first).
+// while deterministic_algorithms() is on every problem takes the heuristic's first (also one
+// tuned before), and a problem first met during CUDA Graph capture takes it for that capture.
 bool matmul_autotune();
 void set_matmul_autotune(bool on);
 

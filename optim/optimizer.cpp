@@ -47,8 +47,8 @@ void load_optimizer_state(const char* optimizer, const std::map<std::string, Ten
 
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
-  // Contiguous floating CUDA gradients, per device: zeroed by one launch per dtype (in a captured
-  // step, one graph node instead of a memset node per parameter).
+  // Contiguous f64/f32/f16/bf16 CUDA gradients, per device: zeroed by one launch per dtype (in a
+  // captured step, one graph node instead of a memset node per parameter); others by zero_().
   std::map<int, std::vector<Tensor>> on_device;
   for (ParamGroup& g : groups_) {
     for (Tensor& p : g.params) {
@@ -58,7 +58,7 @@ void Optimizer::zero_grad(bool set_to_none) {
       }
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (grad.is_cuda() && grad.is_contiguous() && is_floating(grad.dtype())) {
+      if (grad.is_cuda() && grad.is_contiguous() && is_compute_floating(grad.dtype())) {
         on_device[grad.device().index].push_back(grad);
       } else {
         p.grad().zero_();

@@ -157,8 +157,10 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
-// strides, alignments, the epilogue and its vectors' and matrix's alignments).
-using AlgoKey = std::array<int64_t, 22>;
+// strides, alignments, the epilogue and its vectors' and matrix's alignments), and
+// whether the choice is to be timed (a tuned choice is not served once repeatable
+// results are asked for, nor the heuristic's first once tuning is on).
+using AlgoKey = std::array<int64_t, 23>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
@@ -187,27 +189,29 @@ constexpr int kAutotuneCandidates = 8;
 constexpr int kAutotuneRuns = 3;
 
 // `run(algo)` launches the problem with that algorithm on `stream`, returning cuBLASLt's status;
-// returns the index of the fastest of results[0, found) (0 when none ran).
+// returns the index of the fastest of results[0, found) that ran every time, or 0 (the
+// heuristic's first, which the caller's own launch then checks) when none did.
 template <typename Run>
 int fastest_algorithm(const cublasLtMatmulHeuristicResult_t* results, int found, int device, const cuda::Stream& stream,
                       Run&& run) {
   cuda::Event start(device, cuda::Event::Timing::enabled), stop(device, cuda::Event::Timing::enabled);
-  int best = 0;
+  int best = -1;
   float best_ms = 0;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // unusable here: not a candidate
+    bool ran = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;  // untimed: the first launch's setup
     start.record(stream);
-    for (int r = 0; r < kAutotuneRuns; ++r) MT_CUBLAS_CHECK(run(results[i].algo));
+    for (int r = 0; r < kAutotuneRuns && ran; ++r) ran = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
     stop.record(stream);
+    if (!ran) continue;  // unusable here: not a candidate
     stop.synchronize();
     const float ms = start.elapsed_ms(stop);
-    if (i == 0 || ms < best_ms) {
+    if (best < 0 || ms < best_ms) {
       best = i;
       best_ms = ms;
     }
   }
-  return best;
+  return best < 0 ? 0 : best;
 }
 
 // Times results[0, found) on the problem's own operands and returns the fastest's index. Every
@@ -334,6 +338,9 @@ bool gemm_typed(const GemmProblem& p) {
   const cudaDataType_t c_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
   const Layout layout_c = make_layout(c_type, lt_c, batch);
 
+  // Timing needs the host to wait for the device, and another process could time another winner:
+  // wanted only when asked for and repeatable results are not (backends.h).
+  const bool tuning_wanted = backends::matmul_autotune() && !backends::deterministic_algorithms();
   const AlgoKey key = {device,
                        static_cast<int64_t>(type),
                        p.batch,
@@ -355,7 +362,8 @@ bool gemm_typed(const GemmProblem& p) {
                        static_cast<int64_t>(c_type),
                        static_cast<int64_t>(epilogue),
                        with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
-                       with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0};
+                       with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0,
+                       tuning_wanted ? 1 : 0};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -382,9 +390,9 @@ bool gemm_typed(const GemmProblem& p) {
                                                          &lt_c.alignment, sizeof(lt_c.alignment)));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &lt_c.alignment, sizeof(lt_c.alignment)));
-    // Timing needs the host to wait for the device: not while a graph is being captured, and not
-    // when repeatable results are asked for (another process could time another winner).
-    const bool autotune = backends::matmul_autotune() && !backends::deterministic_algorithms() && !cuda::capturing();
+    // Not while a graph is being captured: that launch takes the heuristic's first, uncached, so
+    // that the next eager launch still tunes the problem.
+    const bool autotune = tuning_wanted && !cuda::capturing();
     std::array<cublasLtMatmulHeuristicResult_t, kAutotuneCandidates> results{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -404,8 +412,10 @@ bool gemm_typed(const GemmProblem& p) {
       best = autotune_problem<Scale>(p, results.data(), found, handle, raw_desc, layout_a.get(), layout_b.get(),
                                      layout_c.get(), lt_a, lt_b, lt_c, device, stream);
     choice = AlgoChoice{results[best].algo, results[best].workspaceSize, found > 0};
-    std::lock_guard<std::mutex> lock(algo_mutex());
-    algo_cache().emplace(key, choice);
+    if (autotune == tuning_wanted) {
+      std::lock_guard<std::mutex> lock(algo_mutex());
+      algo_cache().emplace(key, choice);
+    }
   }
   if (!choice.available) return false;
   MT_INTERNAL_ASSERT(choice.workspace_bytes <= kWorkspaceBytes, "matmul: the heuristic asked for ",

@@ -789,6 +789,10 @@ TEST_P(SoftmaxLossNormCudaLarge, ShapesMatchF64Cpu) {
                             o.chunk_rows = 128;
                             return linear_cross_entropy(x[0], x[1], x[2], o);
                           });
+  // The packed rows with ignored targets: their loss and gradient rows are 0.
+  expect_cuda_matches_f64("linear_cross_entropy_packed_ignored", {normal({6, 32}), normal({64, 32}, 0.5)},
+                          from_vector({5, -100, 63, 0, -100, 17}, {6}, DType::i64), dtype, tol,
+                          [](const In& x) { return linear_cross_entropy(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
                           [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
@@ -802,6 +806,25 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, SoftmaxLossNormCudaLarge,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(dtype_name(info.param));
                          });
+
+// A NaN logit makes the loss NaN (on CUDA through the fused head's packed softmax) rather than
+// being passed over: one NaN weight element puts a NaN in every row's logits.
+void expect_nan_logit_gives_nan_loss(Device device) {
+  Generator gen(8);
+  const Tensor x = randn({4, 16}, DType::f32, &gen);
+  std::vector<double> w_values = randn({64, 16}, DType::f32, &gen).to_vector<double>();
+  w_values[5 * 16 + 3] = std::numeric_limits<double>::quiet_NaN();
+  const Tensor w = from_vector(w_values, {64, 16}, DType::f32);
+  const Tensor target = from_vector({1, 2, 3, 4}, {4}, DType::i64);
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(x.to(device), w.to(device), target.to(device)).item())) << device.str();
+}
+
+TEST(LinearCrossEntropy, ANanLogitMakesTheLossNan) { expect_nan_logit_gives_nan_loss(Device("cpu")); }
+
+TEST(SoftmaxLossNormCuda, ANanLogitMakesTheFusedHeadsLossNan) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_nan_logit_gives_nan_loss(cuda_device(0));
+}
 
 TEST(SoftmaxLossNormCuda, OutOfRangeTargetGivesNanRowWithoutSync) {
   MT_SKIP_WITHOUT_CUDA();
