@@ -164,6 +164,9 @@ class Graph {
   void replay(const Stream& stream) const;  // the recorded work, enqueued on `stream`
   bool captured() const { return exec_ != nullptr; }
   size_t nodes() const { return nodes_; }  // kernels, copies, allocations... in the graph
+  // Writes the graph as Graphviz dot, each node with its kernel's name and launch shape
+  // (cudaGraphDebugDotPrint, verbose): what a replay runs, node by node.
+  void write_dot(const std::string& path) const;
 
  private:
   void reset();

@@ -56,6 +56,7 @@ Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;
 void Graph::capture(const Stream&, const std::function<void()>&) { no_cuda("Graph::capture"); }
 void Graph::replay(const Stream&) const { no_cuda("Graph::replay"); }
+void Graph::write_dot(const std::string&) const { no_cuda("Graph::write_dot"); }
 std::string Graph::observe(const Stream&, const std::function<void()>&) {
   no_cuda("Graph::observe");
   return {};

@@ -8,6 +8,7 @@ namespace {
 std::atomic<bool> g_tf32_matmul{false};
 std::atomic<bool> g_tf32_conv{true};
 std::atomic<bool> g_deterministic{false};
+std::atomic<bool> g_matmul_autotune{false};
 }  // namespace
 
 bool allow_tf32_matmul() { return g_tf32_matmul.load(); }
@@ -16,6 +17,8 @@ bool allow_tf32_conv() { return g_tf32_conv.load(); }
 void set_allow_tf32_conv(bool allow) { g_tf32_conv.store(allow); }
 bool deterministic_algorithms() { return g_deterministic.load(); }
 void set_deterministic_algorithms(bool on) { g_deterministic.store(on); }
+bool matmul_autotune() { return g_matmul_autotune.load(); }
+void set_matmul_autotune(bool on) { g_matmul_autotune.store(on); }
 
 DeterministicGuard::DeterministicGuard(bool on) : was_(deterministic_algorithms()) { set_deterministic_algorithms(on); }
 

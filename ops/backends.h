@@ -22,6 +22,16 @@ void set_allow_tf32_conv(bool allow);
 bool deterministic_algorithms();
 void set_deterministic_algorithms(bool on);
 
+// GEMM autotuning (as torch.backends.cudnn.benchmark, for cuBLASLt): off by default. On, the
+// first GEMM of each problem (shapes, layouts, dtypes, epilogue) times the best few algorithms
+// cuBLASLt's heuristic lists and keeps the fastest for the process; off, it keeps the
+// heuristic's first. The timing makes that first call slower and synchronises with the device,
+// and two processes may time different winners, whose results can differ in the last bits: so
+// while deterministic_algorithms() is on every problem takes the heuristic's first (also one
+// tuned before), and a problem first met during CUDA Graph capture takes it for that capture.
+bool matmul_autotune();
+void set_matmul_autotune(bool on);
+
 // Sets the switch for a scope, and puts the old value back.
 class DeterministicGuard {
  public:

@@ -121,5 +121,6 @@ void CudaGraphStep::reset() { impl_->graph = cuda::Graph(); }
 bool CudaGraphStep::captured() const { return impl_->graph.captured(); }
 
 size_t CudaGraphStep::graph_nodes() const { return impl_->graph.nodes(); }
+void CudaGraphStep::write_graph_dot(const std::string& path) const { impl_->graph.write_dot(path); }
 
 }  // namespace mt

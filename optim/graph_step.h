@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -52,6 +53,7 @@ class CudaGraphStep {
   void reset();           // the next run captures again (after a learning-rate change, say)
   bool captured() const;  // whether runs now replay a graph
   size_t graph_nodes() const;
+  void write_graph_dot(const std::string& path) const;  // cuda::Graph::write_dot, once captured()
 
  private:
   struct Impl;

@@ -13,6 +13,7 @@ namespace {
 
 void unscale_cuda(const std::vector<Tensor>&, const Tensor&, const Tensor&) { no_cuda("GradScaler::unscale_"); }
 void adamw_cuda(const std::vector<AdamWTensors>&, const AdamWArgs&, const Tensor&) { no_cuda("AdamW::step"); }
+void zero_cuda(const std::vector<Tensor>&) { no_cuda("Optimizer::zero_grad"); }
 Tensor clip_grad_norm_cuda(const std::vector<Tensor>&, double, double, DType, const MultiTensorConfig&) {
   no_cuda("clip_grad_norm_");
 }

@@ -23,6 +23,10 @@ void unscale_cpu(const Tensor& grad, const Tensor& scale, const Tensor& found_in
 // On CUDA one multi-tensor launch (per dtype) covers every gradient.
 void unscale_cuda(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf);
 
+// Sets every element of the tensors (contiguous, on one CUDA device) to 0: one multi-tensor launch
+// per dtype where zero_() would take one memset each (Optimizer::zero_grad(set_to_none=false)).
+void zero_cuda(const std::vector<Tensor>& tensors);
+
 // step (i64 [1]) += 1 unless found_inf (f32 [1], may be undefined) is non-zero:
 // the optimizer's step count lives beside its moments, on their device.
 void advance_step_cpu(const Tensor& step, const Tensor& found_inf);

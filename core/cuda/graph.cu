@@ -189,6 +189,11 @@ std::string Graph::observe(const Stream& stream, const std::function<void()>& bo
   return problems;
 }
 
+void Graph::write_dot(const std::string& path) const {
+  MT_CHECK(graph_ != nullptr, "Graph::write_dot: nothing has been captured");
+  MT_CUDA_CHECK(cudaGraphDebugDotPrint(graph_, path.c_str(), cudaGraphDebugDotFlagsVerbose));
+}
+
 void Graph::replay(const Stream& stream) const {
   MT_CHECK(exec_ != nullptr, "Graph::replay: nothing has been captured");
   DeviceGuard on_device(stream.device());

@@ -104,6 +104,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  // A tensor times itself (a loss's diff * diff): one node with one edge, whose backward is one
+  // kernel, where the product's two gradients would take two kernels and the engine's sum a third.
+  // The values are the same bit for bit, except where g x is subnormal in the tensor's dtype:
+  // 2 g x rounded once can then differ by the last subnormal step from g x rounded, doubled.
+  if (a.impl() == b.impl() && is_floating(a.dtype()) && autograd::needs_grad({a})) {
+    return unary_op("mul", a, fn::Square{}, fn::SquareGrad{}, Saved::input);
+  }
   Tensor out = map_binary("mul", a, b, fn::Mul{});
   if (autograd::needs_grad({a, b})) {
     auto node = std::make_shared<LambdaNode>("MulBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {

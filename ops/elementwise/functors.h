@@ -29,6 +29,21 @@ struct Mul {
     return x * y;
   }
 };
+// x * x, the product of a tensor with itself, and its derivative (grad, x): g x + g x, the sum
+// the two gradients of a product would make, from one kernel.
+struct Square {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A x) const {
+    return x * x;
+  }
+};
+struct SquareGrad {
+  template <typename A>
+  MT_HOST_DEVICE A operator()(A g, A x) const {
+    const A gx = g * x;
+    return gx + gx;
+  }
+};
 struct Div {
   template <typename A>
   MT_HOST_DEVICE A operator()(A x, A y) const {

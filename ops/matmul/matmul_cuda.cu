@@ -157,8 +157,10 @@ void* workspace_for(int device, const cuda::Stream& stream) {
 
 // Heuristic results, cached per problem: everything the descriptors and the
 // preference describe (device, dtype, batch, sizes, ops, leading dims, batch
-// strides, alignments, the epilogue and its vectors' and matrix's alignments).
-using AlgoKey = std::array<int64_t, 22>;
+// strides, alignments, the epilogue and its vectors' and matrix's alignments), and
+// whether the choice is to be timed (a tuned choice is not served once repeatable
+// results are asked for, nor the heuristic's first once tuning is on).
+using AlgoKey = std::array<int64_t, 23>;
 
 struct AlgoChoice {
   cublasLtMatmulAlgo_t algo;
@@ -178,6 +180,63 @@ std::map<AlgoKey, AlgoChoice>& algo_cache() {
 std::string describe_problem(const GemmProblem& p) {
   return detail::str_cat(p.batch, " x [", p.m, ", ", p.k, "] @ [", p.k, ", ", p.n, "] in ",
                          dtype_name(p.c.tensor.dtype()), " on ", p.c.tensor.device().str());
+}
+
+// Autotuning (backends::set_matmul_autotune): the heuristic's first kAutotuneCandidates
+// algorithms, each run once untimed and then kAutotuneRuns times between two events; the fastest
+// total wins. The heuristic ranks the algorithms by a model of the kernels, not by running them.
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneRuns = 3;
+
+// `run(algo)` launches the problem with that algorithm on `stream`, returning cuBLASLt's status;
+// returns the index of the fastest of results[0, found) that ran every time, or 0 (the
+// heuristic's first, which the caller's own launch then checks) when none did.
+template <typename Run>
+int fastest_algorithm(const cublasLtMatmulHeuristicResult_t* results, int found, int device, const cuda::Stream& stream,
+                      Run&& run) {
+  cuda::Event start(device, cuda::Event::Timing::enabled), stop(device, cuda::Event::Timing::enabled);
+  int best = -1;
+  float best_ms = 0;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    bool ran = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;  // untimed: the first launch's setup
+    start.record(stream);
+    for (int r = 0; r < kAutotuneRuns && ran; ++r) ran = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    stop.record(stream);
+    if (!ran) continue;  // unusable here: not a candidate
+    stop.synchronize();
+    const float ms = start.elapsed_ms(stop);
+    if (best < 0 || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  return best < 0 ? 0 : best;
+}
+
+// Times results[0, found) on the problem's own operands and returns the fastest's index. Every
+// run writes C and the epilogue's outputs, which the chosen algorithm's run then overwrites; only
+// an accumulating GEMM (beta != 0) would see the extra runs, so those write a scratch matrix of
+// C's extent instead.
+template <typename Scale>
+int autotune_problem(const GemmProblem& p, const cublasLtMatmulHeuristicResult_t* results, int found,
+                     cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t layout_a,
+                     cublasLtMatrixLayout_t layout_b, cublasLtMatrixLayout_t layout_c, const LtOperand& lt_a,
+                     const LtOperand& lt_b, const LtOperand& lt_c, int device, const cuda::Stream& stream) {
+  const Scale alpha = static_cast<Scale>(p.alpha), beta = static_cast<Scale>(p.beta);
+  Tensor scratch;
+  void* c = p.c.tensor.data_ptr();
+  if (p.beta != 0) {
+    const int64_t extent = (p.batch - 1) * lt_c.batch_stride + static_cast<int64_t>(lt_c.cols - 1) * lt_c.ld +
+                           static_cast<int64_t>(lt_c.rows);
+    scratch = empty({extent}, TensorOptions().dtype(p.c.tensor.dtype()).device(p.c.tensor.device()));
+    c = scratch.data_ptr();
+  }
+  void* workspace = workspace_for(device, stream);
+  return fastest_algorithm(results, found, device, stream, [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle, desc, &alpha, lt_a.data, layout_a, lt_b.data, layout_b, &beta, c, layout_c, c,
+                          layout_c, &algo, workspace, kWorkspaceBytes, stream.handle());
+  });
 }
 
 // Returns false, having run nothing, when an optional epilogue (the row sums, the GELU with
@@ -279,6 +338,9 @@ bool gemm_typed(const GemmProblem& p) {
   const cudaDataType_t c_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
   const Layout layout_c = make_layout(c_type, lt_c, batch);
 
+  // Timing needs the host to wait for the device, and another process could time another winner:
+  // wanted only when asked for and repeatable results are not (backends.h).
+  const bool tuning_wanted = backends::matmul_autotune() && !backends::deterministic_algorithms();
   const AlgoKey key = {device,
                        static_cast<int64_t>(type),
                        p.batch,
@@ -300,7 +362,8 @@ bool gemm_typed(const GemmProblem& p) {
                        static_cast<int64_t>(c_type),
                        static_cast<int64_t>(epilogue),
                        with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
-                       with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0};
+                       with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0,
+                       tuning_wanted ? 1 : 0};
   AlgoChoice choice{};
   bool cached = false;
   {
@@ -327,11 +390,14 @@ bool gemm_typed(const GemmProblem& p) {
                                                          &lt_c.alignment, sizeof(lt_c.alignment)));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &lt_c.alignment, sizeof(lt_c.alignment)));
-    cublasLtMatmulHeuristicResult_t result{};
+    // Not while a graph is being captured: that launch takes the heuristic's first, uncached, so
+    // that the next eager launch still tunes the problem.
+    const bool autotune = tuning_wanted && !cuda::capturing();
+    std::array<cublasLtMatmulHeuristicResult_t, kAutotuneCandidates> results{};
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(),
-                                                                 layout_c.get(), layout_c.get(), raw_pref,
-                                                                 /*requestedAlgoCount=*/1, &result, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(), raw_pref,
+        /*requestedAlgoCount=*/autotune ? kAutotuneCandidates : 1, results.data(), &found);
     // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
     // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
     const bool optional_epilogue = with_row_sums || with_aux;
@@ -341,9 +407,15 @@ bool gemm_typed(const GemmProblem& p) {
       MT_CUBLAS_CHECK(status);
     }
     MT_CHECK(found > 0 || optional_epilogue, "matmul: cuBLASLt found no algorithm for ", describe_problem(p));
-    choice = AlgoChoice{result.algo, result.workspaceSize, found > 0};
-    std::lock_guard<std::mutex> lock(algo_mutex());
-    algo_cache().emplace(key, choice);
+    int best = 0;
+    if (found > 1)
+      best = autotune_problem<Scale>(p, results.data(), found, handle, raw_desc, layout_a.get(), layout_b.get(),
+                                     layout_c.get(), lt_a, lt_b, lt_c, device, stream);
+    choice = AlgoChoice{results[best].algo, results[best].workspaceSize, found > 0};
+    if (autotune == tuning_wanted) {
+      std::lock_guard<std::mutex> lock(algo_mutex());
+      algo_cache().emplace(key, choice);
+    }
   }
   if (!choice.available) return false;
   MT_INTERNAL_ASSERT(choice.workspace_bytes <= kWorkspaceBytes, "matmul: the heuristic asked for ",

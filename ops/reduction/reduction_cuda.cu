@@ -6,6 +6,9 @@
 //    a second launch of the same kernel sums. One block per output column would
 //    read with a stride of a whole row: a bias gradient of [16384, 3072] bf16
 //    took 16x the bytes it needs.
+//  - rows: a contiguous input whose few outputs each reduce a long run of
+//    consecutive elements (a loss's mean): each row split over several blocks,
+//    writing [outer, splits] partials that a second launch reduces.
 //  - anything else: one block per output element; threads stride over the
 //    reduced elements and combine through shared memory.
 #include <algorithm>
@@ -52,6 +55,34 @@ __global__ void reduce_columns_kernel(Out* out, const In* in, int64_t cols, int6
   }
 }
 
+// The kReduceThreads threads' values combined in a fixed tree order through `partial`
+// (shared, kReduceThreads long); every thread gets the result.
+template <typename A>
+__device__ __forceinline__ A combine_block(A acc, A* partial, ReduceKind kind) {
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kReduceThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width)
+      partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
+    __syncthreads();
+  }
+  return partial[0];
+}
+
+// out[o * gridDim.x + s] = reduce of in[o * inner + i] over i in split s of row o = blockIdx.y:
+// [s * per_split, +per_split) (blockIdx.x = s). No index arithmetic per element.
+template <typename In, typename Out, typename A>
+__global__ void reduce_rows_kernel(Out* out, const In* in, int64_t inner, int64_t per_split, ReduceKind kind) {
+  __shared__ A partial[kReduceThreads];
+  const In* row = in + static_cast<int64_t>(blockIdx.y) * inner;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * per_split;
+  const int64_t end = begin + per_split < inner ? begin + per_split : inner;
+  A acc = reduce_identity<A>(kind);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc = reduce_combine(kind, acc, convert<A>(row[i]));
+  acc = combine_block(acc, partial, kind);
+  if (threadIdx.x == 0) out[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = convert<Out>(acc);
+}
+
 template <typename T>
 __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedIndexer ii, int64_t outer, int64_t inner,
                               ReduceKind kind) {
@@ -62,15 +93,9 @@ __global__ void reduce_kernel(T* out, StridedIndexer oi, const T* in, StridedInd
     for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) {
       acc = reduce_combine(kind, acc, convert<A>(in[ii.offset(o * inner + i)]));
     }
-    partial[threadIdx.x] = acc;
-    __syncthreads();
-    for (int width = kReduceThreads / 2; width > 0; width /= 2) {
-      if (threadIdx.x < width)
-        partial[threadIdx.x] = reduce_combine(kind, partial[threadIdx.x], partial[threadIdx.x + width]);
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) out[oi.offset(o)] = convert<T>(partial[0]);
-    __syncthreads();
+    acc = combine_block(acc, partial, kind);
+    if (threadIdx.x == 0) out[oi.offset(o)] = convert<T>(acc);
+    __syncthreads();  // before the next output's values overwrite `partial`
   }
 }
 
@@ -122,6 +147,31 @@ void reduce_columns(const Tensor& out, const Tensor& in, int64_t cols, int64_t r
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// The rows kernel's case: a contiguous input and output, few outputs, long rows. Rows of 4096
+// elements or more split into blocks of kRowSplit elements; one block per output of 65536 (a
+// 64 x 1024 loss's mean) computed an index per element on 256 threads alone: 145 us, half of
+// the MLP step. The splits depend on the shape alone, so the sum's order does too.
+constexpr int64_t kRowSplit = 4096;
+constexpr int64_t kMaxRowsOuter = 1024;
+
+template <typename T>
+bool reduce_rows(const Tensor& out, const Tensor& in, int64_t outer, int64_t inner, ReduceKind kind,
+                 const cuda::Stream& stream) {
+  using A = acc_t<T>;
+  if (!in.is_contiguous() || !out.is_contiguous() || inner < 2 * kRowSplit || outer > kMaxRowsOuter) return false;
+  const int64_t splits = std::min<int64_t>((inner + kRowSplit - 1) / kRowSplit, 65535);
+  const int64_t per_split = (inner + splits - 1) / splits;
+  const Tensor partial = empty({outer, splits}, TensorOptions().dtype(dtype_of<A>()).device(out.device()));
+  reduce_rows_kernel<T, A, A>
+      <<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(outer)), kReduceThreads, 0, stream.handle()>>>(
+          static_cast<A*>(partial.data_ptr()), static_cast<const T*>(in.data_ptr()), inner, per_split, kind);
+  MT_CUDA_CHECK_LAUNCH();
+  reduce_rows_kernel<A, T, A><<<dim3(1, static_cast<unsigned>(outer)), kReduceThreads, 0, stream.handle()>>>(
+      static_cast<T*>(out.data_ptr()), static_cast<const A*>(partial.data_ptr()), splits, splits, kind);
+  MT_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 }  // namespace
 
 void reduce_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t inner, ReduceKind kind) {
@@ -135,6 +185,11 @@ void reduce_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t inn
     });
     return;
   }
+  bool done = false;
+  dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
+    done = reduce_rows<typename decltype(tag)::type>(out, in, outer, inner, kind, stream);
+  });
+  if (done) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(outer, 65535));
   dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -1,5 +1,9 @@
 // Op-contract cases for the element-wise, reduction and shape families, plus
 // behaviour the contract does not cover (broadcast errors, promotion).
+#include <cmath>
+#include <functional>
+
+#include "autograd/node.h"
 #include "ops/ops.h"
 #include "tests/ops/op_contract.h"
 #include "tests/test_util.h"
@@ -14,6 +18,7 @@ MT_OP_CASE(OpCase("add", "add_broadcast").inputs({{2, 3}, {3}}).compute([](const
 MT_OP_CASE(OpCase("add", "add_scalar").inputs({{4}}).compute([](const In& x) { return x[0] + 2.5; }));
 MT_OP_CASE(OpCase("sub", "sub_broadcast").inputs({{2, 1, 3}, {4, 1}}).compute([](const In& x) { return x[0] - x[1]; }));
 MT_OP_CASE(OpCase("mul", "mul_broadcast").inputs({{3, 4}, {3, 1}}).compute([](const In& x) { return x[0] * x[1]; }));
+MT_OP_CASE(OpCase("mul", "mul_self").inputs({{3, 4}}).compute([](const In& x) { return x[0] * x[0]; }));
 MT_OP_CASE(OpCase("mul", "mul_scalar").inputs({{5}}).compute([](const In& x) { return x[0] * -3.0; }));
 MT_OP_CASE(OpCase("div", "div_broadcast").inputs({{2, 3}, {3}}).draw(Values::positive).compute([](const In& x) {
   return x[0] / x[1];
@@ -122,6 +127,42 @@ TEST(Elementwise, GradientOfPromotedInputKeepsItsDtype) {
   EXPECT_EQ(b.grad().dtype(), DType::f32);
 }
 
+// mul(x, x) records one node with one edge (one backward kernel): its output and x's gradient
+// must equal those of x times an equal but separate leaf y, x.grad + y.grad, bit for bit, but
+// for a gradient whose g x is subnormal (f16: below 2^-14), which may differ by 2^-24.
+void expect_square_equals_product_of_two_leaves(Device device) {
+  Generator gen(17);
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor values = randn({1037}, DType::f32, &gen).to(dtype).to(device);
+    const Tensor dy = randn({1037}, DType::f32, &gen).to(dtype).to(device);
+    Tensor x = values.clone().requires_grad_();
+    const Tensor square = mul(x, x);
+    square.backward(dy);
+    Tensor a = values.clone().requires_grad_(), b = values.clone().requires_grad_();
+    const Tensor product = mul(a, b);
+    product.backward(dy);
+    EXPECT_EQ(square.grad_fn()->next_edges.size(), 1u);
+    EXPECT_EQ(square.to_vector<double>(), product.to_vector<double>()) << dtype_name(dtype) << " on " << device.str();
+    const std::vector<double> got = x.grad().to_vector<double>();
+    const std::vector<double> want = add(a.grad(), b.grad()).to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    const double subnormal_step = dtype == DType::f16 ? std::ldexp(1.0, -24) : 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(std::fabs(got[i] - want[i]), std::fabs(want[i]) < std::ldexp(1.0, -13) ? subnormal_step : 0.0)
+          << dtype_name(dtype) << " on " << device.str() << " [" << i << "]: " << got[i] << " vs " << want[i];
+    }
+  }
+}
+
+TEST(Elementwise, ATensorTimesItselfEqualsTheProductOfTwoEqualLeaves) {
+  expect_square_equals_product_of_two_leaves(Device("cpu"));
+}
+
+TEST(Elementwise, CudaATensorTimesItselfEqualsTheProductOfTwoEqualLeaves) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_square_equals_product_of_two_leaves(cuda_device(0));
+}
+
 // On CUDA an f32 with an f16/bf16 operand of the same shape runs one kernel that widens
 // the half input in registers: the values must be those of widening it first, in either
 // operand order, with a tail of a partial pack, and for a misaligned view (which takes
@@ -172,6 +213,36 @@ TEST(Reduction, SumMeanMaxVarValues) {
   EXPECT_EQ(max(x).item(), 6.0);
   EXPECT_NEAR(var(x).item(), 3.5, 1e-12);
   EXPECT_EQ(sum(x, {0}, true).shape(), (Shape{1, 3}));
+}
+
+// Long rows of a contiguous input take the split-row kernels on CUDA (partials, then their
+// reduction): a full sum and mean of 65536 elements, sums and maxima of rows of 20001 (a partial
+// last split), against the f64 CPU within 1e-5 relative (f32) or 1e-2 (bf16); and short rows,
+// which keep one block per output.
+TEST(Reduction, CudaLongRowsMatchTheCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(41);
+  const Tensor flat = randn({64, 1024}, DType::f64, &gen) + 0.5;
+  const Tensor rows = randn({3, 20001}, DType::f64, &gen);
+  const Tensor short_rows = randn({5, 700}, DType::f64, &gen);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+    auto check = [&](const char* what, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
+      const Tensor rounded = x.to(dtype);
+      const std::vector<double> want = fn(rounded.to(DType::f64)).to_vector<double>();
+      const std::vector<double> got = fn(rounded.to(cuda_device(0))).to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+            << what << " " << dtype_name(dtype) << " [" << i << "]";
+      }
+    };
+    check("sum of all", flat, [](const Tensor& x) { return sum(x); });
+    check("mean of all", flat, [](const Tensor& x) { return mean(x); });
+    check("row sums", rows, [](const Tensor& x) { return sum(x, {1}); });
+    check("row maxima", rows, [](const Tensor& x) { return max(x, 1); });
+    check("short row sums", short_rows, [](const Tensor& x) { return sum(x, {1}); });
+  }
 }
 
 TEST(Reduction, MaxGradientIsSharedAmongTies) {

@@ -12,6 +12,7 @@
 #include "autograd/node.h"
 #include "core/random.h"
 #include "core/view.h"
+#include "ops/backends.h"
 #include "ops/matmul/matmul.h"
 #include "ops/matmul/matmul_kernels.h"
 #include "ops/ops.h"
@@ -682,6 +683,36 @@ TEST(MatmulCuda, AlphaBetaOnTheDevice) {
     ops::gemm(out_cpu, raw::to(a, dtype), raw::to(b, dtype), args);
     ops::gemm(out_gpu, raw::to(raw::to(a, dtype), gpu), raw::to(raw::to(b, dtype), gpu), args);
     expect_close(out_gpu.to_vector<double>(), out_cpu.to_vector<double>(), dtype == DType::bf16 ? 1e-2 : 1e-5);
+  }
+}
+
+// With autotuning on, each new problem below runs every candidate algorithm several times before
+// its result is written: the results must still match the CPU, and an accumulating GEMM (beta 1)
+// must add its product to `out` once. The shapes are this test's own, so no earlier test has
+// cached an algorithm for them.
+TEST(MatmulCuda, AutotunedGemmsMatchTheCpuAndAccumulateOnce) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  struct AutotuneOn {
+    AutotuneOn() { backends::set_matmul_autotune(true); }
+    ~AutotuneOn() { backends::set_matmul_autotune(false); }
+  } autotune;
+  const Tensor a = random({2, 136, 72}, DType::f64, 11), b = random({1, 72, 200}, DType::f64, 12);
+  const Tensor c = random({2, 136, 200}, DType::f64, 13);
+  const Tensor x = random({136, 72}, DType::f64, 14), w = random({200, 72}, DType::f64, 15);
+  const Tensor bias = random({200}, DType::f64, 16);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::bf16 ? 1e-2 : 1e-5;
+    ops::GemmArgs args;
+    args.beta = 1.0;
+    Tensor out_cpu = raw::clone(raw::to(c, dtype)), out_gpu = raw::to(raw::to(c, dtype), gpu);
+    ops::gemm(out_cpu, raw::to(a, dtype), raw::to(b, dtype), args);
+    ops::gemm(out_gpu, raw::to(raw::to(a, dtype), gpu), raw::to(raw::to(b, dtype), gpu), args);
+    expect_close(out_gpu.to_vector<double>(), out_cpu.to_vector<double>(), tol);
+    const Tensor y_cpu = linear(raw::to(x, dtype), raw::to(w, dtype), raw::to(bias, dtype));
+    const Tensor y_gpu =
+        linear(raw::to(raw::to(x, dtype), gpu), raw::to(raw::to(w, dtype), gpu), raw::to(raw::to(bias, dtype), gpu));
+    expect_close(y_gpu.to_vector<double>(), y_cpu.to_vector<double>(), tol);
   }
 }
 

@@ -502,20 +502,27 @@ TEST(LayerNorm, CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients) {
 }
 
 // Narrow rows, GPT-2 small's 768 and its neighbours, and rows past 1024 columns: the widths at
-// which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane).
+// which a row kernel's layout changes (a warp-per-row kernel holds up to 32 elements per lane,
+// in packs of 8 columns when the width is a multiple of 8 and the rows are aligned: 768 and 1000
+// columns; 36, 38 and 700 columns, or an x that starts one element into its storage, take one
+// element per access).
 // Output and every gradient against the CPU in f32, relative L2 within 1e-5.
 TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(31);
-  for (const int64_t width : {36, 700, 768, 1000, 1500}) {
+  for (const int64_t width : {36, 38, 700, 768, 1000, 1500}) {
     for (const bool rms : {false, true}) {
-      const Tensor x0 = randn({67, width}, DType::f32, &gen) * 1.5 + 0.25;
+      // One element more, so that x can also start one element in (an unaligned view).
+      const bool offset = width == 768 && rms;
+      const Tensor stored = randn({67 * width + 1}, DType::f32, &gen) * 1.5 + 0.25;
+      const int64_t first = offset ? 1 : 0;
       const Tensor w0 = randn({width}, DType::f32, &gen), b0 = randn({width}, DType::f32, &gen);
       const Tensor dy = randn({67, width}, DType::f32, &gen);
       std::vector<std::vector<double>> results[2];
       for (const int on_cuda : {0, 1}) {
         const Device device = on_cuda ? cuda_device(0) : Device("cpu");
-        Tensor x = raw::to(x0, device).requires_grad_(), w = raw::to(w0, device).requires_grad_();
+        Tensor x = raw::to(stored, device).narrow(0, first, 67 * width).view({67, width}).requires_grad_();
+        Tensor w = raw::to(w0, device).requires_grad_();
         Tensor b = raw::to(b0, device).requires_grad_();
         const Tensor y = rms ? rms_norm(x, w, 1e-5) : layer_norm(x, w, b, 1e-5);
         y.backward(raw::to(dy, device));
@@ -773,6 +780,19 @@ TEST_P(SoftmaxLossNormCudaLarge, ShapesMatchF64Cpu) {
                             o.chunk_rows = 256;
                             return linear_cross_entropy(x[0], x[1], x[2], o);
                           });
+  // GPT-2's padded vocabulary, a multiple of 8: the fused softmax's 16-byte packs (50257 takes
+  // one logit at a time).
+  expect_cuda_matches_f64("linear_cross_entropy_vocab_packed", {normal({300, 64}), normal({50304, 64}, 0.3)},
+                          raw::to(uniform({300}, 0, 50303.999, DType::f64, &gen), DType::i64), dtype, tol,
+                          [](const In& x) {
+                            LinearCrossEntropyOptions o;
+                            o.chunk_rows = 128;
+                            return linear_cross_entropy(x[0], x[1], x[2], o);
+                          });
+  // The packed rows with ignored targets: their loss and gradient rows are 0.
+  expect_cuda_matches_f64("linear_cross_entropy_packed_ignored", {normal({6, 32}), normal({64, 32}, 0.5)},
+                          from_vector({5, -100, 63, 0, -100, 17}, {6}, DType::i64), dtype, tol,
+                          [](const In& x) { return linear_cross_entropy(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
                           [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
@@ -786,6 +806,25 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, SoftmaxLossNormCudaLarge,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(dtype_name(info.param));
                          });
+
+// A NaN logit makes the loss NaN (on CUDA through the fused head's packed softmax) rather than
+// being passed over: one NaN weight element puts a NaN in every row's logits.
+void expect_nan_logit_gives_nan_loss(Device device) {
+  Generator gen(8);
+  const Tensor x = randn({4, 16}, DType::f32, &gen);
+  std::vector<double> w_values = randn({64, 16}, DType::f32, &gen).to_vector<double>();
+  w_values[5 * 16 + 3] = std::numeric_limits<double>::quiet_NaN();
+  const Tensor w = from_vector(w_values, {64, 16}, DType::f32);
+  const Tensor target = from_vector({1, 2, 3, 4}, {4}, DType::i64);
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(x.to(device), w.to(device), target.to(device)).item())) << device.str();
+}
+
+TEST(LinearCrossEntropy, ANanLogitMakesTheLossNan) { expect_nan_logit_gives_nan_loss(Device("cpu")); }
+
+TEST(SoftmaxLossNormCuda, ANanLogitMakesTheFusedHeadsLossNan) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_nan_logit_gives_nan_loss(cuda_device(0));
+}
 
 TEST(SoftmaxLossNormCuda, OutOfRangeTargetGivesNanRowWithoutSync) {
   MT_SKIP_WITHOUT_CUDA();

@@ -1,8 +1,11 @@
 // Optimizers and the loss scaler: every branch of the scaler's policy is reached
 // (skip, back off, grow, limits), AdamW matches a hand-written reference, and
 // the CUDA kernels match the CPU ones.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include "core/view.h"
 #include "ops/ops.h"
@@ -278,6 +281,42 @@ TEST(AdamW, CudaMultiTensorStepMatchesCpuOnManyParameters) {
               relative);
   EXPECT_LE(relative, 1e-6);
   EXPECT_EQ(gpu_opt.steps_taken(), 10);
+}
+
+// zero_grad(set_to_none=false) on the GPU zeroes every gradient in one launch per dtype: each
+// keeps its buffer (a captured step's kernels hold the address), reads 0 everywhere and has a new
+// version, as after zero_(); a parameter without a gradient keeps none.
+TEST(Optimizer, CudaZeroGradZeroesEveryGradientInItsOwnBuffer) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(5);
+  std::vector<Tensor> params;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t n = i == 7 ? 300001 : 1 + (i * 53) % 700;
+    const DType dtype = i % 3 == 0 ? DType::bf16 : i % 3 == 1 ? DType::f16 : DType::f32;
+    params.push_back(raw::to(randn({n}, dtype, &gen), cuda_device(0)).requires_grad_());
+    if (i != 11) params.back().set_grad(raw::to(randn({n}, dtype, &gen) + 3.0, cuda_device(0)));
+  }
+  SGD opt(params, SGDOptions(0.1));
+  std::vector<const void*> buffers;
+  std::vector<uint64_t> versions;
+  for (const Tensor& p : params) {
+    buffers.push_back(p.grad().defined() ? p.grad().data_ptr() : nullptr);
+    versions.push_back(p.grad().defined() ? p.grad().version() : 0);
+  }
+  opt.zero_grad(/*set_to_none=*/false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = params[i].grad();
+    if (i == 11) {
+      EXPECT_FALSE(g.defined());
+      continue;
+    }
+    ASSERT_TRUE(g.defined()) << "parameter " << i;
+    EXPECT_EQ(g.data_ptr(), buffers[i]) << "parameter " << i;
+    EXPECT_GT(g.version(), versions[i]) << "parameter " << i;
+    const std::vector<double> values = g.to_vector<double>();
+    EXPECT_EQ(std::count(values.begin(), values.end(), 0.0), static_cast<std::ptrdiff_t>(values.size()))
+        << "parameter " << i << " of " << values.size() << " elements";
+  }
 }
 
 TEST(GradScaler, CudaFusedUnscaleFindsOneInfAmongManyGradients) {

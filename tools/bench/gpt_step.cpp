@@ -22,6 +22,7 @@
 #include "core/cuda_context.h"
 #include "distributed/ddp.h"
 #include "examples/gpt/trainer.h"
+#include "ops/backends.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -76,10 +77,15 @@ int main(int argc, char** argv) {
   app.add_flag("--unfused", unfused,
                "separate add, layer_norm, linear_gelu and linear ops in place of add_layer_norm and mlp_gelu "
                "(the same values for the model's f32 residual stream; shows what the fusions buy)");
+  bool gemm_autotune = false;
+  app.add_flag("--gemm-autotune", gemm_autotune,
+               "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
+               "(mt::backends::set_matmul_autotune)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
     const bool distributed = mt::dist::ProcessGroup::launched_by_mpi();

@@ -18,6 +18,7 @@
 
 #include "autograd/profiler.h"
 #include "core/cuda_context.h"
+#include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
@@ -72,7 +73,14 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graph", cuda_graph, "capture the step in a CUDA Graph after warm-up and replay it");
   app.add_option("--gemm-tflops", gemm_tflops, "GEMM rate for the FLOP floor")->capture_default_str();
   app.add_option("--copy-tbps", copy_tbps, "copy bandwidth (read + write) for the byte floor")->capture_default_str();
+  std::string graph_dot;
+  app.add_option("--graph-dot", graph_dot, "with --cuda-graph: write the captured step's graph here (Graphviz dot)");
+  bool gemm_autotune = false;
+  app.add_flag("--gemm-autotune", gemm_autotune,
+               "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
+               "(mt::backends::set_matmul_autotune)");
   CLI11_PARSE(app, argc, argv);
+  mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
     const mt::Device device(device_name);
@@ -100,6 +108,10 @@ int main(int argc, char** argv) {
       if (device.is_cuda()) mt::cuda::synchronize_device(device.index);
     };
     for (int64_t i = 0; i < warmup; ++i) graph_step.run();
+    if (!graph_dot.empty() && graph_step.captured()) {
+      graph_step.write_graph_dot(graph_dot);
+      std::printf("mlp_step: graph written to %s\n", graph_dot.c_str());
+    }
     std::vector<double> per_step_ms;
     for (int64_t r = 0; r < repeats; ++r) {
       sync();

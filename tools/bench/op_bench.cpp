@@ -45,6 +45,7 @@
 #include "autograd/engine.h"
 #include "core/cuda_context.h"
 #include "examples/gpt/trainer.h"
+#include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 
@@ -475,7 +476,12 @@ int main(int argc, char** argv) {
   app.add_option("--copy-mib", copy_mib, "MiB copied by the bandwidth probe")
       ->capture_default_str()
       ->check(gpt_example::positive());
+  bool gemm_autotune = false;
+  app.add_flag("--gemm-autotune", gemm_autotune,
+               "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
+               "(mt::backends::set_matmul_autotune)");
   CLI11_PARSE(app, argc, argv);
+  mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
     const std::vector<std::string> ops = gpt_example::split_commas(ops_text);

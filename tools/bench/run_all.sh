@@ -15,6 +15,9 @@ echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
 echo "-- full training and LoRA, each step replayed from a CUDA Graph --"
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
+echo "-- full training and LoRA with --gemm-autotune (each GEMM problem times cuBLASLt's best few algorithms) --"
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --gemm-autotune
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --gemm-autotune
 echo "-- PyTorch + PEFT --"
 python3 tools/bench/gpt_step_torch.py
 echo "-- PyTorch, full training, eager and torch.compile --"
