@@ -78,26 +78,47 @@ MT_HOST_DEVICE inline uint32_t round_subnormal(uint32_t abs, int min_subnormal_e
   return shift_right_rne(m, static_cast<uint32_t>(shift));
 }
 
+// In CUDA kernels the f16 and bf16 conversions of every number but NaN are one cvt instruction:
+// the hardware rounds to nearest even, overflows to inf and keeps subnormals exactly as the
+// software rule above does, so the results are the same bits; NaN takes the software path, which
+// keeps its payload. The software conversion alone is some twenty integer instructions and
+// branches per element, and the norm kernels spent most of their time in it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MT_HARDWARE_HALF_CONVERSIONS 1
+#endif
+
+MT_HOST_DEVICE inline bool f32_bits_are_nan(uint32_t x) { return (x & 0x7fffffffu) > 0x7f800000u; }
+
 // ---- f16 (IEEE binary16: 1-5-10, bias 15) ----
 MT_HOST_DEVICE inline uint16_t f32_to_f16(float f) {
   const uint32_t x = f32_to_u32(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) {  // NaN
-    uint32_t payload = (abs >> 13) & 0x3ffu;
-    return static_cast<uint16_t>(sign | 0x7c00u | (payload ? payload : 0x200u));
-  }
+  const uint32_t payload = (abs >> 13) & 0x3ffu;
+  const uint16_t nan = static_cast<uint16_t>(sign | 0x7c00u | (payload ? payload : 0x200u));
+#if defined(MT_HARDWARE_HALF_CONVERSIONS)
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return abs > 0x7f800000u ? nan : h;  // a select, not a branch
+#else
+  if (abs > 0x7f800000u) return nan;
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
   if (abs < 0x38800000u) {                                               // below 2^-14: subnormal
     return static_cast<uint16_t>(sign | round_subnormal(abs, -24));
   }
   return static_cast<uint16_t>(sign | round_normal(abs, 10, 112));
+#endif
 }
 
 MT_HOST_DEVICE inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
+#if defined(MT_HARDWARE_HALF_CONVERSIONS)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return exp == 0x1f && man != 0 ? u32_to_f32(sign | 0x7f800000u | (man << 13)) : f;  // NaN: its payload
+#else
   if (exp == 0x1f) return u32_to_f32(sign | 0x7f800000u | (man << 13));
   if (exp == 0) {
     if (man == 0) return u32_to_f32(sign);
@@ -109,16 +130,22 @@ MT_HOST_DEVICE inline float f16_to_f32(uint16_t h) {
     return u32_to_f32(sign | (e << 23) | ((man & 0x3ffu) << 13));
   }
   return u32_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+#endif
 }
 
 // ---- bf16 (1-8-7, the top half of an f32) ----
 MT_HOST_DEVICE inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = f32_to_u32(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    const uint32_t top = x >> 16;
-    return static_cast<uint16_t>((top & 0x7fu) ? top : (top | 0x40u));
-  }
+  const uint32_t top = x >> 16;
+  const uint16_t nan = static_cast<uint16_t>((top & 0x7fu) ? top : (top | 0x40u));
+#if defined(MT_HARDWARE_HALF_CONVERSIONS)
+  uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return f32_bits_are_nan(x) ? nan : b;  // a select, not a branch
+#else
+  if (f32_bits_are_nan(x)) return nan;
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#endif
 }
 
 MT_HOST_DEVICE inline float bf16_to_f32(uint16_t b) { return u32_to_f32(static_cast<uint32_t>(b) << 16); }

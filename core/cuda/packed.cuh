@@ -6,6 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "core/float_types.h"
 
 namespace mt::cuda {
 
@@ -32,6 +36,63 @@ __device__ __forceinline__ void for_each_pack(int64_t n, Body&& body, Tail&& tai
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t i = first; i < packs; i += stride) body(i);
   for (int64_t i = packs * N + first; i < n; i += stride) tail(i);
+}
+
+// ---- packs of accumulation values in registers (A: f32, or f64 beside f64 data), read from and
+// written as E ----
+// The bits are those of convert<> element by element (Note [Conversion rule]); what differs is
+// the instruction count, which bounds the row kernels (the layer norm's forward ran about 25
+// integer instructions per element converting one bf16 at a time).
+
+// kN elements at p (aligned to the pack) as A. A bf16 is the top half of its f32: one shift or
+// mask per element.
+template <int kN, typename E, typename A>
+__device__ __forceinline__ void load_pack_as(const E* __restrict__ p, A* out) {
+  if constexpr (std::is_same_v<E, BFloat16> && std::is_same_v<A, float> && kN % 2 == 0) {
+    const Pack<uint32_t, kN / 2> words = *reinterpret_cast<const Pack<uint32_t, kN / 2>*>(p);
+#pragma unroll
+    for (int k = 0; k < kN / 2; ++k) {
+      out[2 * k] = __uint_as_float(words.v[k] << 16);
+      out[2 * k + 1] = __uint_as_float(words.v[k] & 0xffff0000u);
+    }
+  } else {
+    const Pack<E, kN> pack = *reinterpret_cast<const Pack<E, kN>*>(p);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = convert<A>(pack.v[i]);
+  }
+}
+
+// kN values written as E at p (aligned to the pack). From f32 to a half type, two per instruction
+// through the paired conversion (sm_80 on: cvt.rn.{bf16,f16}x2.f32, rounding to nearest even with
+// overflow to inf and exact subnormals, the rule's bits), unless the pack holds a NaN: then element
+// by element, as the rule keeps a NaN's payload.
+template <int kN, typename E, typename A>
+__device__ __forceinline__ void store_pack_from(E* __restrict__ p, const A* in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr bool kHalf = std::is_same_v<E, BFloat16> || std::is_same_v<E, Half>;
+  if constexpr (kHalf && std::is_same_v<A, float> && kN % 2 == 0) {
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) nan |= in[i] != in[i];
+    if (!nan) {
+      Pack<uint32_t, kN / 2> words;
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {  // the first operand goes to the upper half
+        if constexpr (std::is_same_v<E, BFloat16>) {
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words.v[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
+        } else {
+          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words.v[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
+        }
+      }
+      *reinterpret_cast<Pack<uint32_t, kN / 2>*>(p) = words;
+      return;
+    }
+  }
+#endif
+  Pack<E, kN> pack;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) pack.v[i] = convert<E>(in[i]);
+  *reinterpret_cast<Pack<E, kN>*>(p) = pack;
 }
 
 }  // namespace mt::cuda

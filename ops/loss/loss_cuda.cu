@@ -126,21 +126,16 @@ __global__ void __launch_bounds__(1024)
   using A = acc_t<T>;
   constexpr int N = Packed ? cuda::pack_size<T>() : 1;
   constexpr A kMinusInf = -std::numeric_limits<A>::infinity();
-  using P = cuda::Pack<T, N>;
   __shared__ A scratch[rowwise::kWarpSize];
   const int64_t packs = classes / N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    P* x = reinterpret_cast<P*>(logits + r * classes);
     A m = kMinusInf, s = 0;
     for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) {
-      const P v = x[c];
       A a[N];
+      cuda::load_pack_as<N>(logits + r * classes + c * N, a);
       A pack_max = kMinusInf;
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        a[k] = convert<A>(v.v[k]);
-        pack_max = a[k] > pack_max || a[k] != a[k] ? a[k] : pack_max;  // NaN wins
-      }
+      for (int k = 0; k < N; ++k) pack_max = a[k] > pack_max || a[k] != a[k] ? a[k] : pack_max;  // NaN wins
       if (pack_max == kMinusInf) continue;  // every term is 0 (and exp(-inf - -inf) would be NaN)
       if (!(pack_max <= m)) {               // a new maximum, or NaN
         s = s == A(0) ? A(0) : s * softmax_exp(m - pack_max);
@@ -167,23 +162,22 @@ __global__ void __launch_bounds__(1024)
     // on CUDA: see loss.h), else softmax - onehot.
     const A fill = ignored ? A(0) : std::numeric_limits<A>::quiet_NaN();
     for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) {
-      P v = x[c];
+      T* at_pack = logits + r * classes + c * N;
+      A p[N];
       if (ignored || invalid) {
 #pragma unroll
-        for (int k = 0; k < N; ++k) v.v[k] = convert<T>(fill);
+        for (int k = 0; k < N; ++k) p[k] = fill;
       } else {
-        A p[N];
+        cuda::load_pack_as<N>(at_pack, p);
 #pragma unroll
-        for (int k = 0; k < N; ++k) p[k] = softmax_exp(convert<A>(v.v[k]) - l);
+        for (int k = 0; k < N; ++k) p[k] = softmax_exp(p[k] - l);
         const int64_t at = t - c * N;  // the target's place in this pack, if it is in it
         if (at >= 0 && at < N) {
 #pragma unroll
           for (int k = 0; k < N; ++k) p[k] -= k == at ? A(1) : A(0);  // constant indices: p stays in registers
         }
-#pragma unroll
-        for (int k = 0; k < N; ++k) v.v[k] = convert<T>(p[k]);
       }
-      x[c] = v;
+      cuda::store_pack_from<N>(at_pack, p);
     }
   }
 }

@@ -7,9 +7,13 @@
 // row groups (column tiles of 32 threads, so reads are coalesced). Either way one
 // pass then sums the partial rows per column; deterministic, no atomics.
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
@@ -117,26 +121,167 @@ __device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, in
   }
 }
 
+// One streamed operand (x, delta, dy, dsum) of a warp-per-row kernel, read row by row. Staged
+// (`stages` > 0, packed layouts): the warp's ring of `stages` row slots in shared memory, which a
+// lane fills with its own chunks by cp.async (issue) and reads back (read) once the copy group
+// has landed (cuda::wait_async_copies); a lane reads only what it copied, so no barrier is
+// needed. Rows on the way cost no registers: a warp keeps `stages` rows in flight while it works
+// on one. Unstaged (stages == 0, or one element per access, below cp.async's 16 bytes): read
+// from global memory into registers as the row is needed.
+template <typename E, int kPerLane, int kVec>
+struct RowStream {
+  static constexpr bool kCanStage = kVec * sizeof(E) % 16 == 0;
+  static constexpr int kSlotElements = kPerLane * rowwise::kWarpSize;  // a slot holds chunk_col's layout
+  E* ring = nullptr;                                                   // [stages][kSlotElements] of this warp
+  int stages = 0;
+
+  // Takes this stream's slots from the warp's staging area at `cursor` and moves it on.
+  __device__ __forceinline__ void place(unsigned char*& cursor, int stage_count) {
+    stages = kCanStage ? stage_count : 0;
+    ring = reinterpret_cast<E*>(cursor);
+    cursor += static_cast<size_t>(stages) * kSlotElements * sizeof(E);
+  }
+  // Starts copying row `row` (null: none) into slot `slot`.
+  __device__ __forceinline__ void issue(int slot, const E* __restrict__ row, int lane, int cols) const {
+    if constexpr (kCanStage) {
+      if (stages == 0 || row == nullptr) return;
+      constexpr int kPerCopy = 16 / sizeof(E);
+      E* dst = ring + slot * kSlotElements;
+#pragma unroll
+      for (int j = 0; j < kPerLane / kVec; ++j) {
+        const int c = chunk_col<kVec>(lane, j);
+        if (c >= cols) continue;
+#pragma unroll
+        for (int k = 0; k < kVec; k += kPerCopy) cuda::copy_async_16(dst + c + k, row + c + k);
+      }
+    }
+  }
+  // Row `row`'s chunks into out[kPerLane] (zeros past the row's end): from slot `slot` when staged.
+  __device__ __forceinline__ void read(int slot, const E* __restrict__ row, int lane, int cols, E* out) const {
+    load_row<kPerLane, kVec>(kCanStage && stages > 0 ? ring + slot * kSlotElements : row, lane, cols, out);
+  }
+  // The same as f32 values (cuda::load_pack_as: a bf16 costs one instruction).
+  __device__ __forceinline__ void read_f32(int slot, const E* __restrict__ row, int lane, int cols, float* out) const {
+    const E* from = kCanStage && stages > 0 ? ring + slot * kSlotElements : row;
+#pragma unroll
+    for (int j = 0; j < kPerLane / kVec; ++j) {
+      const int c = chunk_col<kVec>(lane, j);
+      if (c < cols) {
+        cuda::load_pack_as<kVec>(from + c, out + j * kVec);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[j * kVec + i] = 0.0f;
+      }
+    }
+  }
+};
+
+// The weight and bias as f32 in shared memory, [kSlotElements] each: 1 and 0 where the norm has
+// none, so that every element takes one FMA. Filled once per block (a barrier), then read per row:
+// a row would otherwise convert both again, element by element.
+constexpr int kParamRows = 2;
+
+template <typename T, int kPerLane>
+__device__ __forceinline__ void params_to_shared(float* shared, const T* __restrict__ weight,
+                                                 const T* __restrict__ bias, int cols) {
+  constexpr int kSlot = kPerLane * rowwise::kWarpSize;
+  for (int c = static_cast<int>(threadIdx.x); c < kSlot; c += static_cast<int>(blockDim.x)) {
+    const bool in_row = c < cols;
+    shared[c] = in_row && weight != nullptr ? convert<float>(weight[c]) : 1.0f;
+    shared[kSlot + c] = in_row && bias != nullptr ? convert<float>(bias[c]) : 0.0f;
+  }
+  __syncthreads();
+}
+
+// The bytes params_to_shared takes at the start of the dynamic shared memory.
+template <int kPerLane>
+constexpr size_t kParamBytes = kParamRows* kPerLane* rowwise::kWarpSize * sizeof(float);
+
+// kN floats of shared memory at p (aligned to the pack).
+template <int kN>
+__device__ __forceinline__ void load_shared_f32(const float* p, float* out) {
+  const cuda::Pack<float, kN> pack = *reinterpret_cast<const cuda::Pack<float, kN>*>(p);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) out[i] = pack.v[i];
+}
+
+// The staging ring's bookkeeping for a warp that visits rows first, first + stride, ...: the
+// prologue issues the first `stages` rows, one copy group each (fill(k) issues row k's copies
+// into slot k); each row then waits for its own group, and once its slot has been read, refill
+// issues the row `stages` visits on into that slot.
+struct RowRing {
+  int stages;  // 0: unstaged (nothing is issued or awaited)
+  int slot = 0;
+  template <typename Fill>
+  __device__ __forceinline__ void prologue(int64_t first, int64_t stride, int64_t rows, Fill&& fill) const {
+    for (int k = 0; k < stages; ++k) {
+      const int64_t r = first + k * stride;
+      if (r < rows) fill(k, r);
+      cuda::commit_async_copies();  // also when empty: every row owns one group
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if (stages > 0) cuda::wait_async_copies(stages - 1);
+  }
+  template <typename Fill>
+  __device__ __forceinline__ void refill(int64_t r, int64_t stride, int64_t rows, Fill&& fill) {
+    if (stages == 0) return;
+    const int64_t next = r + stages * stride;
+    if (next < rows) fill(slot, next);
+    cuda::commit_async_copies();
+    slot = slot + 1 == stages ? 0 : slot + 1;
+  }
+};
+
 // The forward of norm_forward_kernel below for rows of at most kPerLane * 32 columns, held in
-// registers (chunk_col's layout). With a delta the row is x + delta, also written to sum.
+// registers as f32 (chunk_col's layout) and staged through `stages` row slots per warp in the
+// dynamic shared memory (RowStream), after the f32 weight and bias (params_to_shared). With a
+// delta the row is x + delta, also written to sum.
 template <typename T, typename Y, typename D, NormKind kKind, int kPerLane, int kVec>
 __global__ void __launch_bounds__(kWarpRowBlock)
     norm_forward_warp_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
                              acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x, const D* __restrict__ delta,
                              const T* __restrict__ weight, const T* __restrict__ bias, int64_t rows, int cols,
-                             acc_t<T> eps) {
+                             acc_t<T> eps, int stages) {
   using A = acc_t<T>;
+  static_assert(std::is_same_v<A, float>, "the warp-per-row kernels hold rows as f32");
   constexpr int kLanes = rowwise::kWarpSize;
+  constexpr int kWarps = kWarpRowBlock / kLanes;
   constexpr int kChunks = kPerLane / kVec;
+  using XRows = RowStream<T, kPerLane, kVec>;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
-  const int64_t warps = blockDim.x / kLanes;
-  for (int64_t r = blockIdx.x * warps + threadIdx.x / kLanes; r < rows; r += gridDim.x * warps) {
+  const int warp = static_cast<int>(threadIdx.x) / kLanes;
+  extern __shared__ __align__(16) unsigned char staging[];
+  float* const params = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]
+  params_to_shared<T, kPerLane>(params, weight, bias, cols);
+  XRows x_rows;
+  RowStream<D, kPerLane, kVec> delta_rows;
+  {
+    const size_t slot_bytes = XRows::kSlotElements * (sizeof(T) + (delta != nullptr ? sizeof(D) : 0));
+    unsigned char* cursor =
+        staging + kParamRows * XRows::kSlotElements * sizeof(float) + warp * static_cast<size_t>(stages) * slot_bytes;
+    x_rows.place(cursor, stages);
+    if (delta != nullptr) delta_rows.place(cursor, stages);
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const auto fill = [&](int slot, int64_t r) {
+    x_rows.issue(slot, x + r * cols, lane, cols);
+    if (delta != nullptr) delta_rows.issue(slot, delta + r * cols, lane, cols);
+  };
+  RowRing ring{x_rows.stages};
+  ring.prologue(first, stride, rows, fill);
+  for (int64_t r = first; r < rows; r += stride) {
     const int64_t base = r * cols;
-    T xs[kPerLane];
-    load_row<kPerLane, kVec>(x + base, lane, cols, xs);
-    if (delta != nullptr) {
+    ring.wait();
+    A v[kPerLane];  // slots past the row hold 0
+    if (delta == nullptr) {
+      x_rows.read_f32(ring.slot, x + base, lane, cols, v);
+    } else {
+      T xs[kPerLane];
       D ds[kPerLane];
-      load_row<kPerLane, kVec>(delta + base, lane, cols, ds);  // every load issued before the first store
+      x_rows.read(ring.slot, x + base, lane, cols, xs);
+      delta_rows.read(ring.slot, delta + base, lane, cols, ds);  // every load issued before the first store
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int c = chunk_col<kVec>(lane, j);
@@ -145,14 +290,12 @@ __global__ void __launch_bounds__(kWarpRowBlock)
         for (int i = 0; i < kVec; ++i) xs[j * kVec + i] = residual_sum(xs[j * kVec + i], ds[j * kVec + i]);
         store_chunk<kVec>(sum + base + c, xs + j * kVec);
       }
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = convert<A>(xs[e]);
     }
-    A v[kPerLane];
     A row_sum = 0;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      v[e] = convert<A>(xs[e]);  // slots past the row hold 0
-      row_sum += v[e];
-    }
+    for (int e = 0; e < kPerLane; ++e) row_sum += v[e];
     A mu = 0;
     if constexpr (kKind == NormKind::layer) mu = rowwise::warp_reduce(row_sum, rowwise::Sum{}) / static_cast<A>(cols);
     A var = 0;  // the centred sum of squares, as the block kernel takes it
@@ -174,19 +317,16 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     for (int j = 0; j < kChunks; ++j) {
       const int c = chunk_col<kVec>(lane, j);
       if (c >= cols) continue;
-      T w[kVec], b[kVec];
-      if (weight != nullptr) load_chunk<kVec>(weight + c, w);
-      if (bias != nullptr) load_chunk<kVec>(bias + c, b);
-      Y out[kVec];
+      A w[kVec], b[kVec], out[kVec];
+      load_shared_f32<kVec>(params + c, w);
+      load_shared_f32<kVec>(params + XRows::kSlotElements + c, b);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        A o = (v[j * kVec + i] - mu) * rs;
-        if (weight != nullptr) o *= convert<A>(w[i]);
-        if (bias != nullptr) o += convert<A>(b[i]);
-        out[i] = convert<Y>(o);
-      }
-      store_chunk<kVec>(y + base + c, out);
+      for (int i = 0; i < kVec; ++i) out[i] = (v[j * kVec + i] - mu) * rs * w[i] + b[i];
+      cuda::store_pack_from<kVec>(y + base + c, out);
     }
+    // Only now is the slot free: the stores above needed every value read from it, so its reads
+    // have completed before the copies that overwrite it are issued.
+    ring.refill(r, stride, rows, fill);
   }
 }
 
@@ -211,11 +351,12 @@ __device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
 // then reduces. Deterministic: the grid depends on the rows alone. The residual (see NormResidualGrad) is added as dx
 // is stored.
 template <typename T, typename G, typename D, NormKind kKind, int kPerLane, int kVec>
-__global__ void __launch_bounds__(kWarpRowBlock)
+__global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
                               acc_t<T>* __restrict__ dbias_part, const G* __restrict__ dy, const T* __restrict__ dsum,
                               const T* __restrict__ x, const acc_t<T>* __restrict__ mean,
-                              const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows, int cols) {
+                              const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows, int cols,
+                              int stages) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kWarpRowBlock / kLanes;
@@ -224,40 +365,63 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   const int warp = static_cast<int>(threadIdx.x) / kLanes;
   const A inv_cols = A(1) / static_cast<A>(cols);
   const bool params = dweight_part != nullptr || dbias_part != nullptr;
+  using XRows = RowStream<T, kPerLane, kVec>;
+  extern __shared__ __align__(16) unsigned char staging[];
+  float* const weights = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]; no bias here
+  params_to_shared<T, kPerLane>(weights, weight, nullptr, cols);
+  RowStream<G, kPerLane, kVec> dy_rows;
+  XRows x_rows, dsum_rows;
+  {
+    const size_t slot_bytes = XRows::kSlotElements * (sizeof(G) + sizeof(T) + (dsum != nullptr ? sizeof(T) : 0));
+    unsigned char* cursor =
+        staging + kParamRows * XRows::kSlotElements * sizeof(float) + warp * static_cast<size_t>(stages) * slot_bytes;
+    dy_rows.place(cursor, stages);
+    x_rows.place(cursor, stages);
+    if (dsum != nullptr) dsum_rows.place(cursor, stages);
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const auto fill = [&](int slot, int64_t r) {
+    dy_rows.issue(slot, dy + r * cols, lane, cols);
+    x_rows.issue(slot, x + r * cols, lane, cols);
+    if (dsum != nullptr) dsum_rows.issue(slot, dsum + r * cols, lane, cols);
+  };
+  RowRing ring{dy_rows.stages};
+  ring.prologue(first, stride, rows, fill);
   A sum_dw[kPerLane], sum_db[kPerLane];  // this lane's columns, over the rows it visits
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) sum_dw[e] = sum_db[e] = A(0);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+  // The row statistics one row ahead, so that their loads are not on each row's critical path.
+  const auto statistics = [&](int64_t r, A& mu, A& rs) {
+    mu = A(0), rs = A(0);
+    if (r >= rows) return;
+    if constexpr (kKind == NormKind::layer) mu = mean[r];
+    rs = rstd[r];
+  };
+  A next_mu, next_rs;
+  statistics(first, next_mu, next_rs);
+  for (int64_t r = first; r < rows; r += stride) {
     const int64_t base = r * cols;
-    const A mu = kKind == NormKind::layer ? mean[r] : A(0);
-    const A rs = rstd[r];
+    const A mu = next_mu, rs = next_rs;
+    statistics(r + stride, next_mu, next_rs);
+    ring.wait();
     A g[kPerLane], xhat[kPerLane];
-    {  // every load issued before any is used
-      G gs[kPerLane];
-      T xs[kPerLane];
-      load_row<kPerLane, kVec>(dy + base, lane, cols, gs);
-      load_row<kPerLane, kVec>(x + base, lane, cols, xs);
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        g[e] = convert<A>(gs[e]);
-        xhat[e] = convert<A>(xs[e]);
-      }
-    }
+    dy_rows.read_f32(ring.slot, dy + base, lane, cols, g);
+    x_rows.read_f32(ring.slot, x + base, lane, cols, xhat);
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = chunk_col<kVec>(lane, j);
       if (c >= cols) continue;
-      T w[kVec];
-      if (weight != nullptr) load_chunk<kVec>(weight + c, w);
+      A w[kVec];
+      load_shared_f32<kVec>(weights + c, w);  // 1 without a weight
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const int e = j * kVec + i;
         xhat[e] = (xhat[e] - mu) * rs;
         sum_db[e] += g[e];  // dbias = sum of dy; dweight = sum of dy * xhat
         sum_dw[e] += g[e] * xhat[e];
-        if (weight != nullptr) g[e] *= convert<A>(w[i]);
+        g[e] *= w[i];
         sum_g += g[e];
         sum_gx += g[e] * xhat[e];
       }
@@ -267,28 +431,24 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     const A mean_gx = rowwise::warp_reduce(sum_gx, rowwise::Sum{}) * inv_cols;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) g[e] = rs * (g[e] - mean_g - xhat[e] * mean_gx);  // the norm's term
-    T dxs[kPerLane];
-    if (dsum != nullptr) {  // loaded before the first store
-      T ds[kPerLane];
-      load_row<kPerLane, kVec>(dsum + base, lane, cols, ds);
+    if (dsum != nullptr) {  // g becomes the stored gradient as f32: residual_grad before its last rounding
+      A ds[kPerLane];
+      dsum_rows.read_f32(ring.slot, dsum + base, lane, cols, ds);
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) dxs[e] = residual_grad<T>(g[e], convert<A>(ds[e]));
-    } else {
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) dxs[e] = convert<T>(g[e]);
+      for (int e = 0; e < kPerLane; ++e) g[e] = add_unfused(convert<A>(convert<T>(g[e])), ds[e]);
     }
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = chunk_col<kVec>(lane, j);
       if (c >= cols) continue;
-      store_chunk<kVec>(dx + base + c, dxs + j * kVec);
+      cuda::store_pack_from<kVec>(dx + base + c, g + j * kVec);
+      // ddelta: dx's value (g rounded to T) in D, which is g rounded to D: T is f32, or D is T.
       if (ddelta != nullptr) {
-        D dd[kVec];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) dd[i] = convert<D>(convert<A>(dxs[j * kVec + i]));
-        store_chunk<kVec>(ddelta + base + c, dd);
+        static_assert(std::is_same_v<T, float> || std::is_same_v<D, T>, "dispatch_residual's pairs");
+        cuda::store_pack_from<kVec>(ddelta + base + c, g + j * kVec);
       }
     }
+    ring.refill(r, stride, rows, fill);  // after the stores that needed every value of the slot
   }
   if (!params) return;  // the same for every thread of the grid: no barrier is skipped by some
   // One [kWarps, kPerLane * 32] tile, used for dweight and then for dbias.
@@ -489,6 +649,100 @@ void dispatch_residual(const Tensor& t, Fn&& fn) {
                      dtype_name(dtype_of<T>()), " and ", dtype_name(dtype_of<IO>()));
 }
 
+// How a staged warp-per-row kernel is launched (RowStream): row slots per warp, dynamic shared
+// memory per block, and blocks.
+struct StagedLaunch {
+  int stages = 0;   // 0: unstaged
+  size_t smem = 0;  // bytes per block
+  unsigned grid = 0;
+};
+
+// Row slots per warp the staged kernels ask for. Two keep the next row in flight while a warp
+// works on one; on an H200 three were slower (op_bench layer_norm 0.061 against 0.057 ms: the
+// larger rings leave fewer blocks resident). MT_NORM_STAGES (0 to 4; 0: unstaged) overrides it.
+// Rows of more than kMaxStagedRowBytes (all streamed operands together) are not staged: their
+// register loads already keep that much in flight per warp, and the rings cost resident blocks
+// (op_bench on an H200: the bf16 layer_norm's 1.5 + 3 KiB rows went from 0.056 to 0.051 ms staged,
+// add_layer_norm's f32-stream 4.5 + 7.5 KiB rows from 0.105 to 0.111 ms).
+constexpr size_t kMaxStagedRowBytes = 4096;
+int wanted_stages() {
+  static const int stages = [] {
+    const char* text = std::getenv("MT_NORM_STAGES");
+    return text != nullptr ? std::clamp(std::atoi(text), 0, 4) : 2;
+  }();
+  return stages;
+}
+
+// What the staged launches need to know of a kernel on a device: its static shared memory, and
+// its resident blocks per SM at a dynamic size (after letting it use that much, past the 48 KiB
+// default). Cached: these are driver calls, and the norms launch often.
+struct KernelFacts {
+  bool queried = false;
+  size_t static_smem = 0;
+  size_t allowed_smem = 0;                // the dynamic shared memory it may take (the attribute only grows)
+  std::map<size_t, int> resident_blocks;  // by dynamic shared memory
+};
+
+KernelFacts& facts_of(const void* kernel, int device) {
+  static std::map<std::pair<const void*, int>, KernelFacts> known;
+  KernelFacts& facts = known[{kernel, device}];
+  if (!facts.queried) {
+    cudaFuncAttributes attributes{};
+    MT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    facts.static_smem = attributes.sharedSizeBytes;
+    facts.allowed_smem = static_cast<size_t>(attributes.maxDynamicSharedSizeBytes);
+    facts.queried = true;
+  }
+  return facts;
+}
+
+// The launch of a warp-per-row kernel whose streamed operands take `row_bytes` per row (each
+// padded to kPerLane * 32 elements), after `fixed_smem` bytes of its own (the f32 parameters): as
+// many stages as wanted_stages() and the device's shared memory allow, on at most `blocks` blocks
+// (0: as many as are resident at once, every warp looping over rows); unstaged on
+// warp_row_grid(rows) blocks (at most `blocks`) when kStageable is false or no stage fits.
+template <bool kStageable>
+StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_smem, size_t row_bytes, int64_t rows,
+                                int64_t blocks) {
+  StagedLaunch plan;
+  plan.grid = warp_row_grid(rows);
+  plan.smem = fixed_smem;
+  if (blocks > 0) plan.grid = static_cast<unsigned>(std::min<int64_t>(plan.grid, blocks));
+  if constexpr (kStageable) {
+    constexpr int kWarps = kWarpRowBlock / rowwise::kWarpSize;
+    static std::mutex mutex;
+    const std::lock_guard<std::mutex> lock(mutex);
+    KernelFacts& facts = facts_of(kernel, device);
+    int limit = 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int64_t room =
+        std::max<int64_t>(0, static_cast<int64_t>(limit) - static_cast<int64_t>(facts.static_smem + fixed_smem));
+    plan.stages = row_bytes > kMaxStagedRowBytes
+                      ? 0
+                      : static_cast<int>(std::min<int64_t>(wanted_stages(), room / (kWarps * row_bytes)));
+    if (plan.stages == 0) return plan;
+    plan.smem += static_cast<size_t>(plan.stages) * kWarps * row_bytes;
+    if (plan.smem > facts.allowed_smem) {  // never lowered: a launch of a size seen before must still fit
+      MT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem)));
+      facts.allowed_smem = plan.smem;
+    }
+    auto found = facts.resident_blocks.find(plan.smem);
+    if (found == facts.resident_blocks.end()) {
+      int per_sm = 0;
+      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowBlock, plan.smem));
+      found = facts.resident_blocks.emplace(plan.smem, per_sm).first;
+    }
+    int sms = 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(found->second) * sms);
+    if (blocks == 0) plan.grid = static_cast<unsigned>(std::min<int64_t>(plan.grid, resident));
+  } else {
+    (void)kernel, (void)device, (void)row_bytes;
+  }
+  return plan;
+}
+
 // Launches the warp-per-row forward when it takes the rows (at most kWarpRowCols columns, not
 // f64: twice the registers per element, and those rows are no hot path); returns whether it did.
 template <typename T, typename Y, typename D, NormKind kKind>
@@ -504,11 +758,17 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
     const std::initializer_list<const Tensor*> operands = {&y, &x, &weight, &bias, &residual.sum, &residual.delta};
     dispatch_per_lane(cols, [&](auto per_lane) {
       dispatch_vector_width(cols, operands, [&](auto vec) {
-        norm_forward_warp_kernel<T, Y, D, kKind, decltype(per_lane)::value, decltype(vec)::value>
-            <<<warp_row_grid(rows), kWarpRowBlock, 0, stream.handle()>>>(
-                static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
-                static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
-                data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
+        constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
+        const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec>;
+        using XRows = RowStream<T, kPerLane, kVec>;
+        const size_t row_bytes = XRows::kSlotElements * (sizeof(T) + (residual.delta.defined() ? sizeof(D) : 0));
+        const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
+            reinterpret_cast<const void*>(kernel), x.device().index, kParamBytes<kPerLane>, row_bytes, rows, 0);
+        kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
+            static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
+            static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
+            data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps),
+            plan.stages);
       });
     });
     return true;
@@ -543,7 +803,8 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
     if (cols > kWarpRowCols || !dx.defined() || rows == 0) return false;
     // Fewer blocks than rows / 8: each block's partial row costs a write and a read of `cols`
-    // sums, and a few rows per warp keep enough loads in flight.
+    // sums, and a few rows per warp keep enough loads in flight. The count depends on the rows
+    // alone (not on the device or the staging), so the sums' order does too.
     const int64_t groups = std::min<int64_t>(warp_row_grid(rows), kMaxWarpRowGroups);
     const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
     const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
@@ -551,13 +812,18 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const std::initializer_list<const Tensor*> operands = {&dx, &dy, &x, &weight, &residual.dsum, &residual.ddelta};
     dispatch_per_lane(cols, [&](auto per_lane) {
       dispatch_vector_width(cols, operands, [&](auto vec) {
-        norm_backward_warp_kernel<T, G, D, kKind, decltype(per_lane)::value, decltype(vec)::value>
-            <<<static_cast<unsigned>(groups), kWarpRowBlock, 0, stream.handle()>>>(
-                static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta),
-                mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part),
-                static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
-                static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()),
-                data_or_null<T>(weight), rows, static_cast<int>(cols));
+        constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
+        const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec>;
+        using XRows = RowStream<T, kPerLane, kVec>;
+        const size_t row_bytes =
+            XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
+        const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
+            reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes, rows, groups);
+        kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
+            static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), mutable_data_or_null<A>(dw_part),
+            mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
+            static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()),
+            data_or_null<T>(weight), rows, static_cast<int>(cols), plan.stages);
       });
     });
     MT_CUDA_CHECK_LAUNCH();

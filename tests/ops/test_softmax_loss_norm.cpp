@@ -541,17 +541,18 @@ TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
 // add_layer_norm / add_rms_norm against add() and then the norm: both outputs and every
 // gradient, from the same upstream gradients of both, bit for bit. The residual stream's case:
 // an f32 x, a bf16/f16 delta (a GEMM's output) and a half normed output; and all-f32.
-void expect_add_norm_equals_add_then_norm(Device device) {
+void expect_add_norm_equals_add_then_norm(Device device, int64_t rows = 67,
+                                          std::vector<int64_t> widths = {36, 768, 1100}) {
   Generator gen(23);
-  for (const int64_t width : {36, 768, 1100}) {  // warp-per-row kernels, and past them on CUDA
+  for (const int64_t width : widths) {  // by default warp-per-row kernels, and past them on CUDA
     for (const bool rms : {false, true}) {
       for (const DType low : {DType::bf16, DType::f16, DType::f32}) {
-        const Tensor x0 = raw::to(randn({67, width}, DType::f32, &gen) * 2.0 + 0.5, device);
-        const Tensor d0 = raw::to(randn({67, width}, low, &gen), device);
+        const Tensor x0 = raw::to(randn({rows, width}, DType::f32, &gen) * 2.0 + 0.5, device);
+        const Tensor d0 = raw::to(randn({rows, width}, low, &gen), device);
         const Tensor w0 = raw::to(randn({width}, DType::f32, &gen), device);
         const Tensor b0 = raw::to(randn({width}, DType::f32, &gen), device);
-        const Tensor dsum = raw::to(randn({67, width}, DType::f32, &gen), device);
-        const Tensor dy = raw::to(randn({67, width}, low, &gen), device);
+        const Tensor dsum = raw::to(randn({rows, width}, DType::f32, &gen), device);
+        const Tensor dy = raw::to(randn({rows, width}, low, &gen), device);
         std::vector<std::vector<double>> results[2];
         for (int fused = 0; fused < 2; ++fused) {
           Tensor x = x0.clone().requires_grad_(), delta = d0.clone().requires_grad_();
@@ -587,6 +588,21 @@ TEST(AddLayerNorm, EqualsAddThenTheNormBitForBit) { expect_add_norm_equals_add_t
 TEST(AddLayerNorm, CudaEqualsAddThenTheNormBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   expect_add_norm_equals_add_then_norm(cuda_device(0));
+}
+
+// Enough rows that every warp of the CUDA kernels visits several, so that each warp's ring of
+// staged rows is reused (the warp-per-row kernels' shared-memory staging).
+TEST(AddLayerNorm, CudaEqualsAddThenTheNormBitForBitOverManyRows) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_add_norm_equals_add_then_norm(cuda_device(0), 20011, {64, 768});
+}
+
+// The same kernel launched with the residual's extra row (past the default 48 KiB of shared memory)
+// and without it, then with it again: a launch that needs less must not shrink what a later,
+// larger one may take.
+TEST(AddLayerNorm, CudaLaunchesOfEveryStagingSizeInTurn) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_add_norm_equals_add_then_norm(cuda_device(0), 67, {64, 64});
 }
 
 TEST(AddLayerNorm, BadDeltasNameTheOpAndTheShapes) {
@@ -795,6 +811,9 @@ TEST_P(SoftmaxLossNormCudaLarge, ShapesMatchF64Cpu) {
                           [](const In& x) { return linear_cross_entropy(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("layer_norm_affine", {x_norm, w, b}, Tensor(), dtype, tol,
                           [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
+  // Packed rows (16 columns), enough of them that each warp reuses its ring of staged rows.
+  expect_cuda_matches_f64("layer_norm_tall_packed", {normal({20011, 16}, 2.0), normal({16}), normal({16})}, Tensor(),
+                          dtype, tol, [](const In& x) { return layer_norm(x[0], x[1], x[2]); });
   expect_cuda_matches_f64("rms_norm_wide", {normal({3, 5000}), normal({5000})}, Tensor(), dtype, tol,
                           [](const In& x) { return rms_norm(x[0], x[1]); });
   expect_cuda_matches_f64("rms_norm_tall", {normal({70001, 4}), normal({4})}, Tensor(), dtype, tol,

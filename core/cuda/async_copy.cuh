@@ -1,0 +1,39 @@
+// Copies from global to shared memory that no register holds while they are in flight
+// (cp.async, sm_80 and later). A row kernel that loads into registers keeps as many bytes in
+// flight as its registers hold, and at one row per warp that left the norms waiting on memory
+// latency; staged through shared memory, a warp can have its next rows on the way while it
+// works on one.
+#pragma once
+
+namespace mt::cuda {
+
+// 16 bytes from global_src to shared_dst, both 16-byte aligned; cached in L2 only (.cg), as
+// streamed rows are read once.
+__device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+
+// Closes the copies this thread issued since its last commit into one group (possibly empty).
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `pending` (0 to 3) of this thread's groups are still in flight: the data of
+// the others is then in shared memory, visible to this thread (other threads need a barrier).
+__device__ __forceinline__ void wait_async_copies(int pending) {
+  switch (pending) {  // the count is an immediate operand
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+  }
+}
+
+}  // namespace mt::cuda
