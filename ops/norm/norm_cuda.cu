@@ -1,7 +1,9 @@
 // CUDA layer / RMS norm. Rows of up to kWarpRowCols columns (not f64) go one warp
-// per row, the row held in registers (read from memory once, reduced by shuffles,
-// no barrier); their backward also sums the parameter gradients in the same pass,
-// each lane over its own columns, into per-block partial rows. Other rows: one
+// per row, the row held in registers as f32 (read from memory once, reduced by
+// shuffles; small rows arrive through a per-warp ring in shared memory, RowStream;
+// the weight and bias are read as f32 from shared memory); their backward also sums
+// the parameter gradients in the same pass, each lane over its own columns, into
+// per-block partial rows. Other rows: one
 // block per row for the forward and the input gradient (block reductions in acc_t),
 // and the parameter gradients as a [groups, C] buffer of per-block partial sums over
 // row groups (column tiles of 32 threads, so reads are coalesced). Either way one
@@ -42,7 +44,8 @@ inline unsigned warp_row_grid(int64_t rows) {
 }
 
 // Calls fn(std::integral_constant<int, N>) with the fewest elements per lane, N in {8, 24, 32},
-// that hold `cols`: the row lives in registers, and every unused slot costs some. 24 is GPT-2
+// that hold `cols`: the row lives in registers (and the parameters and staged rows in shared
+// memory, padded to N * 32 columns), and every unused slot costs some. 24 is GPT-2
 // small's 768 columns, 32 its medium's 1024; more variants would mostly cost compile time.
 template <typename Fn>
 void dispatch_per_lane(int64_t cols, Fn&& fn) {
@@ -176,9 +179,9 @@ struct RowStream {
   }
 };
 
-// The weight and bias as f32 in shared memory, [kSlotElements] each: 1 and 0 where the norm has
-// none, so that every element takes one FMA. Filled once per block (a barrier), then read per row:
-// a row would otherwise convert both again, element by element.
+// The weight and bias as f32 in shared memory, [kSlotElements] each: 1 and -0 where the norm has
+// none, so that every element takes one FMA (x * 1 and x + -0 are x, a -0 included). Filled once per block (a barrier),
+// then read per row: a row would otherwise convert both again, element by element.
 constexpr int kParamRows = 2;
 
 template <typename T, int kPerLane>
@@ -188,7 +191,7 @@ __device__ __forceinline__ void params_to_shared(float* shared, const T* __restr
   for (int c = static_cast<int>(threadIdx.x); c < kSlot; c += static_cast<int>(blockDim.x)) {
     const bool in_row = c < cols;
     shared[c] = in_row && weight != nullptr ? convert<float>(weight[c]) : 1.0f;
-    shared[kSlot + c] = in_row && bias != nullptr ? convert<float>(bias[c]) : 0.0f;
+    shared[kSlot + c] = in_row && bias != nullptr ? convert<float>(bias[c]) : -0.0f;
   }
   __syncthreads();
 }
@@ -251,11 +254,12 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   using XRows = RowStream<T, kPerLane, kVec>;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int warp = static_cast<int>(threadIdx.x) / kLanes;
-  extern __shared__ __align__(16) unsigned char staging[];
+  extern __shared__ __align__(32) unsigned char staging[];
   float* const params = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]
   params_to_shared<T, kPerLane>(params, weight, bias, cols);
   XRows x_rows;
   RowStream<D, kPerLane, kVec> delta_rows;
+  static_assert(decltype(delta_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
     const size_t slot_bytes = XRows::kSlotElements * (sizeof(T) + (delta != nullptr ? sizeof(D) : 0));
     unsigned char* cursor =
@@ -366,11 +370,12 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   const A inv_cols = A(1) / static_cast<A>(cols);
   const bool params = dweight_part != nullptr || dbias_part != nullptr;
   using XRows = RowStream<T, kPerLane, kVec>;
-  extern __shared__ __align__(16) unsigned char staging[];
+  extern __shared__ __align__(32) unsigned char staging[];
   float* const weights = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]; no bias here
   params_to_shared<T, kPerLane>(weights, weight, nullptr, cols);
   RowStream<G, kPerLane, kVec> dy_rows;
   XRows x_rows, dsum_rows;
+  static_assert(decltype(dy_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
     const size_t slot_bytes = XRows::kSlotElements * (sizeof(G) + sizeof(T) + (dsum != nullptr ? sizeof(T) : 0));
     unsigned char* cursor =
@@ -673,34 +678,58 @@ int wanted_stages() {
   return stages;
 }
 
-// What the staged launches need to know of a kernel on a device: its static shared memory, and
-// its resident blocks per SM at a dynamic size (after letting it use that much, past the 48 KiB
-// default). Cached: these are driver calls, and the norms launch often.
+// What the staged launches need to know of a kernel on a device: its static shared memory, the
+// dynamic shared memory it may take so far, the device's limits, and its resident blocks per SM
+// by dynamic size. Cached (queried on that device once): these are driver calls, and the norms
+// launch often.
 struct KernelFacts {
   bool queried = false;
   size_t static_smem = 0;
-  size_t allowed_smem = 0;                // the dynamic shared memory it may take (the attribute only grows)
-  std::map<size_t, int> resident_blocks;  // by dynamic shared memory
+  size_t allowed_smem = 0;  // cudaFuncAttributeMaxDynamicSharedMemorySize; only ever raised
+  int smem_per_block = 0;   // the device's opt-in limit
+  int sms = 0;
+  std::map<size_t, int> resident_blocks;  // per SM, by dynamic shared memory
 };
 
 KernelFacts& facts_of(const void* kernel, int device) {
   static std::map<std::pair<const void*, int>, KernelFacts> known;
   KernelFacts& facts = known[{kernel, device}];
   if (!facts.queried) {
+    const cuda::DeviceGuard on_device(device);
     cudaFuncAttributes attributes{};
     MT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     facts.static_smem = attributes.sharedSizeBytes;
     facts.allowed_smem = static_cast<size_t>(attributes.maxDynamicSharedSizeBytes);
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&facts.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device));
     facts.queried = true;
   }
   return facts;
 }
 
+// Resident blocks per SM of `kernel` with `smem` bytes of dynamic shared memory, after letting it
+// take that much. The attribute is never lowered: a launch of a size seen before must still fit.
+int resident_blocks_per_sm(const void* kernel, int device, KernelFacts& facts, size_t smem) {
+  const auto found = facts.resident_blocks.find(smem);
+  if (found != facts.resident_blocks.end()) return found->second;
+  const cuda::DeviceGuard on_device(device);
+  if (smem > facts.allowed_smem) {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    facts.allowed_smem = smem;
+  }
+  int per_sm = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowBlock, smem));
+  facts.resident_blocks.emplace(smem, per_sm);
+  return per_sm;
+}
+
 // The launch of a warp-per-row kernel whose streamed operands take `row_bytes` per row (each
 // padded to kPerLane * 32 elements), after `fixed_smem` bytes of its own (the f32 parameters): as
-// many stages as wanted_stages() and the device's shared memory allow, on at most `blocks` blocks
-// (0: as many as are resident at once, every warp looping over rows); unstaged on
-// warp_row_grid(rows) blocks (at most `blocks`) when kStageable is false or no stage fits.
+// many stages as wanted_stages() and the device's shared memory allow without fewer resident blocks
+// than the unstaged kernel's registers leave (on an H200 the measured rows lose none; on devices
+// with less shared memory per SM the rings would), on at most `blocks` blocks (0: as many as are
+// resident at once, every warp looping over rows); unstaged on warp_row_grid(rows) blocks (at most
+// `blocks`) when kStageable is false or no stage fits.
 template <bool kStageable>
 StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_smem, size_t row_bytes, int64_t rows,
                                 int64_t blocks) {
@@ -713,29 +742,21 @@ StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_sme
     static std::mutex mutex;
     const std::lock_guard<std::mutex> lock(mutex);
     KernelFacts& facts = facts_of(kernel, device);
-    int limit = 0;
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const int64_t room =
-        std::max<int64_t>(0, static_cast<int64_t>(limit) - static_cast<int64_t>(facts.static_smem + fixed_smem));
-    plan.stages = row_bytes > kMaxStagedRowBytes
-                      ? 0
-                      : static_cast<int>(std::min<int64_t>(wanted_stages(), room / (kWarps * row_bytes)));
-    if (plan.stages == 0) return plan;
-    plan.smem += static_cast<size_t>(plan.stages) * kWarps * row_bytes;
-    if (plan.smem > facts.allowed_smem) {  // never lowered: a launch of a size seen before must still fit
-      MT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem)));
-      facts.allowed_smem = plan.smem;
+        static_cast<int64_t>(facts.smem_per_block) - static_cast<int64_t>(facts.static_smem + fixed_smem);
+    const auto staged_smem = [&](int stages) { return fixed_smem + static_cast<size_t>(stages) * kWarps * row_bytes; };
+    int stages = row_bytes > kMaxStagedRowBytes || room <= 0
+                     ? 0
+                     : static_cast<int>(std::min<int64_t>(wanted_stages(), room / (kWarps * row_bytes)));
+    if (stages > 0) {
+      const int unstaged = resident_blocks_per_sm(kernel, device, facts, fixed_smem);
+      while (stages > 0 && resident_blocks_per_sm(kernel, device, facts, staged_smem(stages)) < unstaged) --stages;
     }
-    auto found = facts.resident_blocks.find(plan.smem);
-    if (found == facts.resident_blocks.end()) {
-      int per_sm = 0;
-      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowBlock, plan.smem));
-      found = facts.resident_blocks.emplace(plan.smem, per_sm).first;
-    }
-    int sms = 0;
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(found->second) * sms);
+    if (stages == 0) return plan;
+    plan.stages = stages;
+    plan.smem = staged_smem(stages);
+    const int64_t resident = std::max<int64_t>(
+        1, static_cast<int64_t>(resident_blocks_per_sm(kernel, device, facts, plan.smem)) * facts.sms);
     if (blocks == 0) plan.grid = static_cast<unsigned>(std::min<int64_t>(plan.grid, resident));
   } else {
     (void)kernel, (void)device, (void)row_bytes;

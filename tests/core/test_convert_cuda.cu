@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/packed.cuh"
 #include "core/float_types.h"
 #include "tests/test_util.h"
 
@@ -23,6 +24,7 @@ namespace {
 
 // One narrow format: the library's conversions (host and device) and CUDA's (device).
 struct F16 {
+  using Type = mt::Half;
   static constexpr const char* kName = "f16";
   static constexpr bool kSaturates = false;  // overflow, inf included, clips to the largest finite
   static constexpr uint32_t kPatterns = 1u << 16;
@@ -33,6 +35,7 @@ struct F16 {
 };
 
 struct BF16 {
+  using Type = mt::BFloat16;
   static constexpr const char* kName = "bf16";
   static constexpr bool kSaturates = false;  // overflow, inf included, clips to the largest finite
   static constexpr uint32_t kPatterns = 1u << 16;
@@ -45,6 +48,7 @@ struct BF16 {
 };
 
 struct F8E4M3 {
+  using Type = mt::Float8E4M3;
   static constexpr const char* kName = "f8e4m3";
   static constexpr bool kSaturates = true;  // overflow, inf included, clips to the largest finite
   static constexpr uint32_t kPatterns = 1u << 8;
@@ -57,6 +61,7 @@ struct F8E4M3 {
 };
 
 struct F8E5M2 {
+  using Type = mt::Float8E5M2;
   static constexpr const char* kName = "f8e5m2";
   static constexpr bool kSaturates = true;  // overflow, inf included, clips to the largest finite
   static constexpr uint32_t kPatterns = 1u << 8;
@@ -98,6 +103,21 @@ __global__ void convert_kernel(const uint32_t* edges, uint32_t n, uint32_t* ours
     const float x = __uint_as_float(sweep_input(i, edges));
     ours[i] = Format::encode(x);
     theirs[i] = Format::cuda_encode(x);
+  }
+}
+
+// The same inputs through cuda::store_pack_from in packs of 8, as the norm and loss kernels store
+// theirs: two values per instruction for the half types, a pack holding a NaN element by element.
+// Only whole packs: n / 8 of them.
+template <typename Format>
+__global__ void pack_kernel(const uint32_t* edges, uint32_t n, uint32_t* out) {
+  using E = typename Format::Type;
+  for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < n / 8; p += gridDim.x * blockDim.x) {
+    float in[8];
+    for (int k = 0; k < 8; ++k) in[k] = __uint_as_float(sweep_input(p * 8 + k, edges));
+    alignas(16) E packed[8];
+    mt::cuda::store_pack_from<8>(packed, in);
+    for (int k = 0; k < 8; ++k) out[p * 8 + k] = packed[k].x;
   }
 }
 
@@ -235,6 +255,35 @@ TYPED_TEST(ConvertCudaTest, F32SweepMatchesTheCpuBitwiseAndCudaOnNonNaN) {
   EXPECT_EQ(cpu_mismatches, 0) << Format::kName << ", " << n << " inputs:" << first;
   EXPECT_EQ(cuda_mismatches, 0) << Format::kName << ", " << n << " inputs:" << first;
   EXPECT_GT(nans, 0) << "the sweep reaches NaN inputs";
+}
+
+TYPED_TEST(ConvertCudaTest, PackedStoresGiveTheElementwiseBits) {
+  MT_SKIP_WITHOUT_CUDA();
+  using Format = TypeParam;
+  const std::vector<uint32_t> edges = edge_inputs<Format>();
+  const auto n = static_cast<uint32_t>(kSweepCount + edges.size()) / 8 * 8;
+  const DeviceArray<uint32_t> edges_dev(edges);
+  DeviceArray<uint32_t> out_dev(n);
+  pack_kernel<Format><<<132 * 16, 256>>>(edges_dev.get(), n, out_dev.get());
+  MT_CUDA_CHECK_LAUNCH();
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint32_t> out = out_dev.to_host();
+  int64_t mismatches = 0, packs_with_nan = 0;
+  std::string first;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t bits = sweep_input(i, edges.data());
+    const uint32_t expected = Format::encode(mt::bits::u32_to_f32(bits));
+    if (out[i] != expected && ++mismatches <= 5) {
+      first += "\n  input " + hex(bits) + ": packed " + hex(out[i]) + ", element by element " + hex(expected);
+    }
+    if (i % 8 == 0) {
+      int nan = 0;
+      for (uint32_t k = i; k < i + 8; ++k) nan += std::isnan(mt::bits::u32_to_f32(sweep_input(k, edges.data())));
+      packs_with_nan += nan > 0 && nan < 8;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << Format::kName << ", " << n << " inputs:" << first;
+  EXPECT_GT(packs_with_nan, 0) << "some packs mix NaN and other values";
 }
 
 }  // namespace

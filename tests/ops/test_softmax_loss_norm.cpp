@@ -597,9 +597,9 @@ TEST(AddLayerNorm, CudaEqualsAddThenTheNormBitForBitOverManyRows) {
   expect_add_norm_equals_add_then_norm(cuda_device(0), 20011, {64, 768});
 }
 
-// The same kernel launched with the residual's extra row (past the default 48 KiB of shared memory)
-// and without it, then with it again: a launch that needs less must not shrink what a later,
-// larger one may take.
+// The same kernel launched with the residual's extra row (in f32, the backward's staging passes the
+// default 48 KiB of shared memory) and without it, then with it again: a launch that needs less
+// must not shrink what a later, larger one may take.
 TEST(AddLayerNorm, CudaLaunchesOfEveryStagingSizeInTurn) {
   MT_SKIP_WITHOUT_CUDA();
   expect_add_norm_equals_add_then_norm(cuda_device(0), 67, {64, 64});
@@ -825,6 +825,22 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, SoftmaxLossNormCudaLarge,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(dtype_name(info.param));
                          });
+
+// bf16 rows of GPT-2 small's and medium's widths, enough of them that every warp of the staged
+// norm kernels reuses its ring of rows (forward and backward), against f64 on the CPU.
+TEST(LayerNorm, CudaStagedBf16RowsMatchF64Cpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(41);
+  for (const auto& [rows, width] : {std::pair<int64_t, int64_t>{10007, 768}, {7001, 1024}}) {
+    const Tensor x = randn({rows, width}, DType::f64, &gen) * 2.0 + 0.5;
+    const Tensor w = randn({width}, DType::f64, &gen), b = randn({width}, DType::f64, &gen);
+    const std::string shape = std::to_string(rows) + " x " + std::to_string(width);
+    expect_cuda_matches_f64("layer_norm " + shape, {x, w, b}, Tensor(), DType::bf16, tolerance_for(DType::bf16),
+                            [](const In& t) { return layer_norm(t[0], t[1], t[2]); });
+    expect_cuda_matches_f64("rms_norm " + shape, {x, w}, Tensor(), DType::bf16, tolerance_for(DType::bf16),
+                            [](const In& t) { return rms_norm(t[0], t[1]); });
+  }
+}
 
 // A NaN logit makes the loss NaN (on CUDA through the fused head's packed softmax) rather than
 // being passed over: one NaN weight element puts a NaN in every row's logits.
