@@ -200,6 +200,16 @@ __device__ __forceinline__ void params_to_shared(float* shared, const T* __restr
 template <int kPerLane>
 constexpr size_t kParamBytes = kParamRows* kPerLane* rowwise::kWarpSize * sizeof(float);
 
+// Warp `warp`'s staging ring in the dynamic shared memory `staging`: after the parameters, each
+// warp's `stages` slots of the streamed operands, `element_bytes` (their element sizes summed) a
+// column.
+template <int kPerLane>
+__device__ __forceinline__ unsigned char* warp_staging(unsigned char* staging, int warp, int stages,
+                                                       size_t element_bytes) {
+  constexpr size_t kSlot = static_cast<size_t>(kPerLane) * rowwise::kWarpSize;
+  return staging + kParamBytes<kPerLane> + static_cast<size_t>(warp) * stages * kSlot * element_bytes;
+}
+
 // kN floats of shared memory at p (aligned to the pack).
 template <int kN>
 __device__ __forceinline__ void load_shared_f32(const float* p, float* out) {
@@ -261,9 +271,8 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   RowStream<D, kPerLane, kVec> delta_rows;
   static_assert(decltype(delta_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
-    const size_t slot_bytes = XRows::kSlotElements * (sizeof(T) + (delta != nullptr ? sizeof(D) : 0));
     unsigned char* cursor =
-        staging + kParamRows * XRows::kSlotElements * sizeof(float) + warp * static_cast<size_t>(stages) * slot_bytes;
+        warp_staging<kPerLane>(staging, warp, stages, sizeof(T) + (delta != nullptr ? sizeof(D) : 0));
     x_rows.place(cursor, stages);
     if (delta != nullptr) delta_rows.place(cursor, stages);
   }
@@ -377,9 +386,8 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   XRows x_rows, dsum_rows;
   static_assert(decltype(dy_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
-    const size_t slot_bytes = XRows::kSlotElements * (sizeof(G) + sizeof(T) + (dsum != nullptr ? sizeof(T) : 0));
     unsigned char* cursor =
-        staging + kParamRows * XRows::kSlotElements * sizeof(float) + warp * static_cast<size_t>(stages) * slot_bytes;
+        warp_staging<kPerLane>(staging, warp, stages, sizeof(G) + sizeof(T) + (dsum != nullptr ? sizeof(T) : 0));
     dy_rows.place(cursor, stages);
     x_rows.place(cursor, stages);
     if (dsum != nullptr) dsum_rows.place(cursor, stages);
