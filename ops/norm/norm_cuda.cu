@@ -93,13 +93,7 @@ __device__ __forceinline__ int chunk_col(int lane, int j) {
   return (lane + rowwise::kWarpSize * j) * kVec;
 }
 
-// kVec elements at p (aligned to the pack) into out[0, kVec), and back.
-template <int kVec, typename E>
-__device__ __forceinline__ void load_chunk(const E* __restrict__ p, E* out) {
-  const cuda::Pack<E, kVec> pack = *reinterpret_cast<const cuda::Pack<E, kVec>*>(p);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) out[i] = pack.v[i];
-}
+// kVec elements from in[0, kVec) to p (aligned to the pack).
 template <int kVec, typename E>
 __device__ __forceinline__ void store_chunk(E* __restrict__ p, const E* in) {
   cuda::Pack<E, kVec> pack;
@@ -109,17 +103,18 @@ __device__ __forceinline__ void store_chunk(E* __restrict__ p, const E* in) {
 }
 
 // The chunks of one row at `row` that lie in it (cols is a multiple of kVec), into
-// out[kPerLane] with zeros past the row's end.
-template <int kPerLane, int kVec, typename E>
-__device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, int cols, E* out) {
+// out[kPerLane] as O (E itself, or f32: cuda::load_pack_as, a bf16 one instruction) with zeros
+// past the row's end.
+template <int kPerLane, int kVec, typename E, typename O>
+__device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, int cols, O* out) {
 #pragma unroll
   for (int j = 0; j < kPerLane / kVec; ++j) {
     const int c = chunk_col<kVec>(lane, j);
     if (c < cols) {
-      load_chunk<kVec>(row + c, out + j * kVec);
+      cuda::load_pack_as<kVec>(row + c, out + j * kVec);
     } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out[j * kVec + i] = E(0);
+      for (int i = 0; i < kVec; ++i) out[j * kVec + i] = O(0);
     }
   }
 }
@@ -159,23 +154,10 @@ struct RowStream {
       }
     }
   }
-  // Row `row`'s chunks into out[kPerLane] (zeros past the row's end): from slot `slot` when staged.
-  __device__ __forceinline__ void read(int slot, const E* __restrict__ row, int lane, int cols, E* out) const {
+  // Row `row`'s chunks into out[kPerLane] as O (load_row): from slot `slot` when staged.
+  template <typename O>
+  __device__ __forceinline__ void read(int slot, const E* __restrict__ row, int lane, int cols, O* out) const {
     load_row<kPerLane, kVec>(kCanStage && stages > 0 ? ring + slot * kSlotElements : row, lane, cols, out);
-  }
-  // The same as f32 values (cuda::load_pack_as: a bf16 costs one instruction).
-  __device__ __forceinline__ void read_f32(int slot, const E* __restrict__ row, int lane, int cols, float* out) const {
-    const E* from = kCanStage && stages > 0 ? ring + slot * kSlotElements : row;
-#pragma unroll
-    for (int j = 0; j < kPerLane / kVec; ++j) {
-      const int c = chunk_col<kVec>(lane, j);
-      if (c < cols) {
-        cuda::load_pack_as<kVec>(from + c, out + j * kVec);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) out[j * kVec + i] = 0.0f;
-      }
-    }
   }
 };
 
@@ -208,14 +190,6 @@ __device__ __forceinline__ unsigned char* warp_staging(unsigned char* staging, i
                                                        size_t element_bytes) {
   constexpr size_t kSlot = static_cast<size_t>(kPerLane) * rowwise::kWarpSize;
   return staging + kParamBytes<kPerLane> + static_cast<size_t>(warp) * stages * kSlot * element_bytes;
-}
-
-// kN floats of shared memory at p (aligned to the pack).
-template <int kN>
-__device__ __forceinline__ void load_shared_f32(const float* p, float* out) {
-  const cuda::Pack<float, kN> pack = *reinterpret_cast<const cuda::Pack<float, kN>*>(p);
-#pragma unroll
-  for (int i = 0; i < kN; ++i) out[i] = pack.v[i];
 }
 
 // The staging ring's bookkeeping for a warp that visits rows first, first + stride, ...: the
@@ -289,7 +263,7 @@ __global__ void __launch_bounds__(kWarpRowBlock)
     ring.wait();
     A v[kPerLane];  // slots past the row hold 0
     if (delta == nullptr) {
-      x_rows.read_f32(ring.slot, x + base, lane, cols, v);
+      x_rows.read(ring.slot, x + base, lane, cols, v);
     } else {
       T xs[kPerLane];
       D ds[kPerLane];
@@ -331,8 +305,8 @@ __global__ void __launch_bounds__(kWarpRowBlock)
       const int c = chunk_col<kVec>(lane, j);
       if (c >= cols) continue;
       A w[kVec], b[kVec], out[kVec];
-      load_shared_f32<kVec>(params + c, w);
-      load_shared_f32<kVec>(params + XRows::kSlotElements + c, b);
+      cuda::load_pack_as<kVec>(params + c, w);
+      cuda::load_pack_as<kVec>(params + XRows::kSlotElements + c, b);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) out[i] = (v[j * kVec + i] - mu) * rs * w[i] + b[i];
       cuda::store_pack_from<kVec>(y + base + c, out);
@@ -419,15 +393,15 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     statistics(r + stride, next_mu, next_rs);
     ring.wait();
     A g[kPerLane], xhat[kPerLane];
-    dy_rows.read_f32(ring.slot, dy + base, lane, cols, g);
-    x_rows.read_f32(ring.slot, x + base, lane, cols, xhat);
+    dy_rows.read(ring.slot, dy + base, lane, cols, g);
+    x_rows.read(ring.slot, x + base, lane, cols, xhat);
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = chunk_col<kVec>(lane, j);
       if (c >= cols) continue;
       A w[kVec];
-      load_shared_f32<kVec>(weights + c, w);  // 1 without a weight
+      cuda::load_pack_as<kVec>(weights + c, w);  // 1 without a weight
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const int e = j * kVec + i;
@@ -446,7 +420,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     for (int e = 0; e < kPerLane; ++e) g[e] = rs * (g[e] - mean_g - xhat[e] * mean_gx);  // the norm's term
     if (dsum != nullptr) {  // g becomes the stored gradient as f32: residual_grad before its last rounding
       A ds[kPerLane];
-      dsum_rows.read_f32(ring.slot, dsum + base, lane, cols, ds);
+      dsum_rows.read(ring.slot, dsum + base, lane, cols, ds);
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) g[e] = add_unfused(convert<A>(convert<T>(g[e])), ds[e]);
     }
