@@ -239,8 +239,8 @@ int autotune_problem(const GemmProblem& p, const cublasLtMatmulHeuristicResult_t
   });
 }
 
-// Returns false, having run nothing, when an optional epilogue (the row sums, the GELU with
-// its pre-activation, or the GELU's derivative at one) was asked for and no algorithm has it.
+// Returns false, having run nothing, when an optional epilogue (the GELU with its
+// pre-activation, or the GELU's derivative at one) was asked for and no algorithm has it.
 template <typename T>
 bool gemm_typed(const GemmProblem& p) {
   constexpr bool f64 = std::is_same_v<T, double>;
@@ -273,10 +273,6 @@ bool gemm_typed(const GemmProblem& p) {
   // A bias over our columns is, in the swapped problem, a bias over cuBLASLt's rows:
   // exactly what its BIAS epilogue adds (one vector for every batch entry).
   const bool with_bias = p.bias.defined();
-  // Row sums of our op(a) are, in the swapped problem, sums of cuBLASLt's op(B) over k
-  // for each of its n columns: the BGRADB epilogue (a bias gradient beside dW = dy^T x).
-  const bool with_row_sums = p.a_row_sums.defined();
-  MT_INTERNAL_ASSERT(!(with_bias && with_row_sums), "matmul: a bias and row sums together");
   // The GELU's input matrix, our row-major [M, N], is cuBLASLt's column-major [N, M] with
   // ld N, like C^T: GELU_AUX_BIAS writes it (the f32 accumulator plus bias, rounded to C's
   // dtype, the aux type's default) and GELU(it) to C. Its ld must be a multiple of 8 and
@@ -286,7 +282,7 @@ bool gemm_typed(const GemmProblem& p) {
   // for linear_gelu compare the two.
   const bool with_gelu = p.gelu_pre_activation.defined();
   const int64_t aux_ld = p.n;
-  MT_INTERNAL_ASSERT(!with_gelu || (with_bias && !with_row_sums && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
+  MT_INTERNAL_ASSERT(!with_gelu || (with_bias && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
                                     alignment_of(p.gelu_pre_activation.data_ptr()) >= 16),
                      "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
                      ") for ", describe_problem(p));
@@ -296,29 +292,27 @@ bool gemm_typed(const GemmProblem& p) {
   // what MlpGeluCuda.TheDgeluEpilogueComputesTheTanhFormsDerivative checks. It takes no bias
   // vector (cublasLt.h names only the aux input for it). DGELU_BGRAD would also write a bias
   // gradient through the bias pointer, but cublasLt.h does not say over which dimension it
-  // reduces, and it would come in C's dtype: the first layer's bias gradient stays with the
-  // dW GEMM's BGRADB, in the parameter's dtype, as linear's does.
+  // reduces, and it would come in C's dtype: the first layer's bias gradient is a column sum
+  // of dpre, in the parameter's dtype, as linear's is (gemm's a_row_sums).
   const bool with_gelu_grad = p.gelu_backward_pre_activation.defined();
-  MT_INTERNAL_ASSERT(
-      !with_gelu_grad || (!with_bias && !with_row_sums && !with_gelu && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
-                          alignment_of(p.gelu_backward_pre_activation.data_ptr()) >= 16),
-      "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias, ", row sums ",
-      with_row_sums, ") for ", describe_problem(p));
+  MT_INTERNAL_ASSERT(!with_gelu_grad || (!with_bias && !with_gelu && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
+                                         alignment_of(p.gelu_backward_pre_activation.data_ptr()) >= 16),
+                     "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
+                     ") for ", describe_problem(p));
   // The GELU input matrix either epilogue reads or writes: the aux pointer.
   const Tensor& gelu_matrix = with_gelu ? p.gelu_pre_activation : p.gelu_backward_pre_activation;
   const bool with_aux = with_gelu || with_gelu_grad;
   const cublasLtEpilogue_t epilogue = with_gelu        ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                       : with_gelu_grad ? CUBLASLT_EPILOGUE_DGELU
                                       : with_bias      ? CUBLASLT_EPILOGUE_BIAS
-                                      : with_row_sums  ? CUBLASLT_EPILOGUE_BGRADB
                                                        : CUBLASLT_EPILOGUE_DEFAULT;
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   }
-  if (with_bias || with_row_sums) {
-    // Every epilogue here takes its vector through the bias attributes, in C's dtype.
-    const void* vector = with_bias ? p.bias.data_ptr() : p.a_row_sums.data_ptr();
+  if (with_bias) {
+    // The bias vector goes through the bias attributes, in C's dtype.
+    const void* vector = p.bias.data_ptr();
     const cudaDataType_t vector_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
@@ -400,7 +394,7 @@ bool gemm_typed(const GemmProblem& p) {
         /*requestedAlgoCount=*/autotune ? kAutotuneCandidates : 1, results.data(), &found);
     // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
     // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
-    const bool optional_epilogue = with_row_sums || with_aux;
+    const bool optional_epilogue = with_aux;
     if (optional_epilogue && status == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;
     } else {

@@ -31,8 +31,9 @@ struct GemmArgs {
   Tensor bias;
   // [M] in out's dtype, written with the row sums of op(a): sum over k of op(a)[i, k]
   // (batch 1, beta 0, no bias). With op(a) = dy^T this is a linear layer's bias
-  // gradient beside its weight gradient; on CUDA cuBLASLt's BGRADB epilogue forms it
-  // while it reads dy for the GEMM, instead of a second pass over dy.
+  // gradient beside its weight gradient; on CUDA a column reduction of dy with 16-byte
+  // reads, in f32 beside bf16/f16 dy (cuBLASLt's BGRADB epilogue did it as a separate
+  // kernel at about half the memory bandwidth).
   Tensor a_row_sums;
   // [batch, M, N] in out's dtype, contiguous: when defined, out = gelu_tanh(product + bias)
   // and this is written with product + bias, the GELU's input, which its backward reads
@@ -84,21 +85,20 @@ struct GemmProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   MatrixOperand a, b, c;
   double alpha = 1.0, beta = 0.0;
-  Tensor bias;        // CUDA only: [n], c's dtype, contiguous; undefined for none
-  Tensor a_row_sums;  // CUDA only: [m], c's dtype, contiguous, 16-byte aligned; undefined for none
+  Tensor bias;  // CUDA only: [n], c's dtype, contiguous; undefined for none
   // CUDA only, f16/bf16, batch 1, with a bias: [m, n] in c's dtype, row-major with ld = n,
   // n a multiple of 8 and 16-byte aligned (cuBLASLt's rule for the GELU input matrix); c is
   // then written with gelu_tanh(a b + bias) and this with a b + bias. Undefined for none.
   Tensor gelu_pre_activation;
-  // CUDA only, f16/bf16, batch 1, no bias, no row sums: [m, n] in c's dtype, laid out as
+  // CUDA only, f16/bf16, batch 1, no bias: [m, n] in c's dtype, laid out as
   // gelu_pre_activation is (the GELU input matrix's rule again); c is then written with
   // (a b) * gelu_tanh'(this). Undefined for none.
   Tensor gelu_backward_pre_activation;
 };
 
 void gemm_cpu(const GemmProblem& p);
-// Returns false, having written nothing, when an optional epilogue (a_row_sums,
-// gelu_pre_activation or gelu_backward_pre_activation) was asked for and cuBLASLt has no
+// Returns false, having written nothing, when an optional epilogue (gelu_pre_activation
+// or gelu_backward_pre_activation) was asked for and cuBLASLt has no
 // algorithm with it for this problem; gemm() then runs the plain GEMM and does the
 // epilogue's work itself.
 bool gemm_cuda(const GemmProblem& p);

@@ -5,7 +5,9 @@
 //    groups go to separate blocks, writing [groups, cols] partials in acc_t that
 //    a second launch of the same kernel sums. One block per output column would
 //    read with a stride of a whole row: a bias gradient of [16384, 3072] bf16
-//    took 16x the bytes it needs.
+//    took 16x the bytes it needs. Where every row starts on a 16-byte boundary a
+//    thread reads 16 bytes of adjacent columns at a time (the packed kernel): 2-byte
+//    reads left a bias gradient at about half the memory bandwidth.
 //  - rows: a contiguous input whose few outputs each reduce a long run of
 //    consecutive elements (a loss's mean): each row split over several blocks,
 //    writing [outer, splits] partials that a second launch reduces.
@@ -14,6 +16,7 @@
 #include <algorithm>
 
 #include "core/cuda/check.h"
+#include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "core/strided.h"
@@ -52,6 +55,45 @@ __global__ void reduce_columns_kernel(Out* out, const In* in, int64_t cols, int6
   if (threadIdx.y == 0 && c < cols) {
     for (int i = 1; i < kRowThreads; ++i) acc = reduce_combine(kind, acc, tile[i][threadIdx.x]);
     out[static_cast<int64_t>(blockIdx.y) * cols + c] = convert<Out>(acc);
+  }
+}
+
+// reduce_columns_kernel with kVec adjacent columns per thread, read as one 16-byte pack: thread
+// (x, y) of block (bx, by) takes columns [(bx * kColTile + x) * kVec, +kVec) over the rows of
+// group by that are y modulo kRowThreads, and the kRowThreads partial values of a column are
+// then combined in the order of y, as in reduce_columns_kernel: the two kernels give the same
+// bits. Needs cols and row_stride to be multiples of kVec and `in` aligned to 16 bytes.
+constexpr int kUnrollRows = 8;  // row loads a thread keeps in flight
+
+template <typename In, typename Out, typename A, int kVec>
+__global__ void reduce_columns_packed_kernel(Out* out, const In* in, int64_t cols, int64_t rows, int64_t row_stride,
+                                             int64_t rows_per_group, ReduceKind kind) {
+  __shared__ A tile[kRowThreads][kVec * kColTile];  // [y][i * kColTile + x]: no bank conflicts
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x) * kVec;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_group;
+  const int64_t last = first + rows_per_group < rows ? first + rows_per_group : rows;
+  A acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = reduce_identity<A>(kind);
+  if (c < cols) {
+#pragma unroll kUnrollRows
+    for (int64_t r = first + threadIdx.y; r < last; r += kRowThreads) {
+      A v[kVec];
+      cuda::load_pack_as<kVec>(in + r * row_stride + c, v);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = reduce_combine(kind, acc[i], v[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) tile[threadIdx.y][i * kColTile + threadIdx.x] = acc[i];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      A total = acc[i];
+      for (int y = 1; y < kRowThreads; ++y) total = reduce_combine(kind, total, tile[y][i * kColTile + threadIdx.x]);
+      out[static_cast<int64_t>(blockIdx.y) * cols + c + i] = convert<Out>(total);
+    }
   }
 }
 
@@ -119,32 +161,62 @@ int64_t column_row_stride(const Tensor& in, int64_t outer, int64_t inner) {
   return reduced.strides[0];
 }
 
-template <typename T>
-void reduce_columns(const Tensor& out, const Tensor& in, int64_t cols, int64_t rows, int64_t row_stride,
-                    ReduceKind kind, const cuda::Stream& stream) {
-  using A = acc_t<T>;
-  const int64_t col_blocks = (cols + kColTile - 1) / kColTile;
-  const int64_t wanted = std::max<int64_t>(1, kTargetBlocks / col_blocks);
-  const int64_t groups = std::clamp<int64_t>(std::min(wanted, rows / kMinRowsPerGroup), 1, 65535);
+// Whether the packed column kernel reads `in` (kVec columns per 16-byte read).
+template <typename In>
+bool packed_columns(const In* in, int64_t cols, int64_t row_stride) {
+  constexpr int kVec = cuda::pack_size<In>();
+  return kVec > 1 && cols % kVec == 0 && row_stride % kVec == 0 && cuda::aligned_to(in, 16);
+}
+
+// One launch of the column kernel (packed where packed_columns) over `groups` row groups.
+template <typename In, typename Out, typename A>
+void launch_reduce_columns(Out* out, const In* in, int64_t cols, int64_t rows, int64_t row_stride, int64_t groups,
+                           ReduceKind kind, const cuda::Stream& stream) {
+  constexpr int kVec = cuda::pack_size<In>();
   const int64_t rows_per_group = (rows + groups - 1) / groups;
   const dim3 block(kColTile, kRowThreads);
+  if (packed_columns(in, cols, row_stride)) {
+    const int64_t col_blocks = (cols / kVec + kColTile - 1) / kColTile;
+    reduce_columns_packed_kernel<In, Out, A, kVec>
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(groups)), block, 0, stream.handle()>>>(
+            out, in, cols, rows, row_stride, rows_per_group, kind);
+  } else {
+    const int64_t col_blocks = (cols + kColTile - 1) / kColTile;
+    reduce_columns_kernel<In, Out, A>
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(groups)), block, 0, stream.handle()>>>(
+            out, in, cols, rows, row_stride, rows_per_group, kind);
+  }
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+// Column sums (or maxima) of `in` into `dst`, in T or, for a half T, in acc_t<T> (a bias gradient
+// kept in f32). With enough rows, row groups first ([groups, cols] partials in acc_t), then one
+// group over the partials. About kTargetBlocks blocks for the first launch, each group at least
+// kMinRowsPerGroup rows, or kMinPackedRowsPerGroup for the packed kernel: its threads keep
+// kUnrollRows 16-byte reads in flight, so fewer, longer groups still fill the GPU, and the second
+// launch, a few blocks reading every partial row, is short. The groups depend on the shape and
+// the alignment alone (so does the order of the sums).
+constexpr int64_t kMinPackedRowsPerGroup = 256;
+
+template <typename T, typename Out>
+void reduce_columns(Out* dst, const Tensor& in, int64_t cols, int64_t rows, int64_t row_stride, ReduceKind kind,
+                    const cuda::Stream& stream) {
+  using A = acc_t<T>;
   const T* src = static_cast<const T*>(in.data_ptr());
-  T* dst = static_cast<T*>(out.data_ptr());
+  const bool packed = packed_columns(src, cols, row_stride);
+  const int64_t cols_per_block = kColTile * (packed ? cuda::pack_size<T>() : 1);
+  const int64_t col_blocks = (cols + cols_per_block - 1) / cols_per_block;
+  const int64_t wanted = std::max<int64_t>(1, kTargetBlocks / col_blocks);
+  const int64_t min_rows = packed ? kMinPackedRowsPerGroup : kMinRowsPerGroup;
+  const int64_t groups = std::clamp<int64_t>(std::min(wanted, rows / min_rows), 1, 65535);
   if (groups == 1) {
-    reduce_columns_kernel<T, T, A><<<dim3(static_cast<unsigned>(col_blocks), 1), block, 0, stream.handle()>>>(
-        dst, src, cols, rows, row_stride, rows, kind);
-    MT_CUDA_CHECK_LAUNCH();
+    launch_reduce_columns<T, Out, A>(dst, src, cols, rows, row_stride, 1, kind, stream);
     return;
   }
-  const Tensor partial = empty({groups, cols}, TensorOptions().dtype(dtype_of<A>()).device(out.device()));
+  const Tensor partial = empty({groups, cols}, TensorOptions().dtype(dtype_of<A>()).device(in.device()));
   A* part = static_cast<A*>(partial.data_ptr());
-  reduce_columns_kernel<T, A, A>
-      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(groups)), block, 0, stream.handle()>>>(
-          part, src, cols, rows, row_stride, rows_per_group, kind);
-  MT_CUDA_CHECK_LAUNCH();
-  reduce_columns_kernel<A, T, A><<<dim3(static_cast<unsigned>(col_blocks), 1), block, 0, stream.handle()>>>(
-      dst, part, cols, groups, cols, groups, kind);
-  MT_CUDA_CHECK_LAUNCH();
+  launch_reduce_columns<T, A, A>(part, src, cols, rows, row_stride, groups, kind, stream);
+  launch_reduce_columns<A, Out, A>(dst, part, cols, groups, cols, 1, kind, stream);
 }
 
 // The rows kernel's case: a contiguous input and output, few outputs, long rows. Rows of 4096
@@ -181,10 +253,16 @@ void reduce_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t inn
   if (row_stride >= 0 && out.is_contiguous()) {
     dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      reduce_columns<T>(out, in, outer, inner, row_stride, kind, stream);
+      if (out.dtype() == in.dtype())
+        return reduce_columns<T>(static_cast<T*>(out.data_ptr()), in, outer, inner, row_stride, kind, stream);
+      MT_INTERNAL_ASSERT(out.dtype() == dtype_of<acc_t<T>>(), "reduce: ", dtype_name(in.dtype()), " into ",
+                         dtype_name(out.dtype()));
+      reduce_columns<T>(static_cast<acc_t<T>*>(out.data_ptr()), in, outer, inner, row_stride, kind, stream);
     });
     return;
   }
+  MT_INTERNAL_ASSERT(out.dtype() == in.dtype(), "reduce: ", dtype_name(in.dtype()), " into ", dtype_name(out.dtype()),
+                     " takes the column layout");
   bool done = false;
   dispatch_floating(in.dtype(), kind == ReduceKind::sum ? "sum" : "max", [&](auto tag) {
     done = reduce_rows<typename decltype(tag)::type>(out, in, outer, inner, kind, stream);

@@ -58,9 +58,10 @@ MT_OP_CASE(OpCase("sum", "sum_dims_keepdim").inputs({{2, 3, 4}}).compute([](cons
   return sum(x[0], {0, 2}, true);
 }));
 // Sums over leading dims take the CUDA column kernel: 200 rows make 3 row groups
-// (partials, then a second pass), 40 columns a partial tile; [2, 40, 33] over
+// (partials, then a second pass), 41 columns a partial tile (and no 16-byte rows, so the
+// element-wise kernel; Reduction.CudaColumnSumsOfTallMatricesMatchTheCpu has the packed one); [2, 40, 33] over
 // {0, 1} merges the reduced dims into one stride; an expanded input re-reads rows.
-MT_OP_CASE(OpCase("sum", "sum_leading_dim_row_groups").inputs({{200, 40}}).compute([](const In& x) {
+MT_OP_CASE(OpCase("sum", "sum_leading_dim_row_groups").inputs({{200, 41}}).compute([](const In& x) {
   return sum(x[0], {0});
 }));
 MT_OP_CASE(OpCase("sum", "sum_two_leading_dims").inputs({{2, 40, 33}}).compute([](const In& x) {
@@ -242,6 +243,36 @@ TEST(Reduction, CudaLongRowsMatchTheCpu) {
     check("row sums", rows, [](const Tensor& x) { return sum(x, {1}); });
     check("row maxima", rows, [](const Tensor& x) { return max(x, 1); });
     check("short row sums", short_rows, [](const Tensor& x) { return sum(x, {1}); });
+  }
+}
+
+// Sums and maxima over the rows of tall matrices take the CUDA column kernels: [1500, 776] the
+// packed one (16-byte reads of 8 bf16 or 4 f32 columns) over 5 row groups and then their
+// partials; [1500, 100] the packed one in f32 and the element-wise one in bf16 (100 is not a
+// multiple of 8); a view one column in (rows not 16-byte aligned) the element-wise one. Against
+// the f64 CPU within 1e-5 relative (f32) or 1e-2 (bf16).
+TEST(Reduction, CudaColumnSumsOfTallMatricesMatchTheCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(43);
+  const Tensor wide = randn({1500, 776}, DType::f64, &gen);
+  const Tensor narrow = randn({1500, 100}, DType::f64, &gen);
+  const Tensor offset = randn({1500, 777}, DType::f64, &gen);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+    auto check = [&](const char* what, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
+      const Tensor rounded = x.to(dtype);
+      const std::vector<double> want = fn(rounded.to(DType::f64)).to_vector<double>();
+      const std::vector<double> got = fn(rounded.to(cuda_device(0))).to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+            << what << " " << dtype_name(dtype) << " [" << i << "]";
+      }
+    };
+    check("packed column sums", wide, [](const Tensor& x) { return sum(x, {0}); });
+    check("packed column maxima", wide, [](const Tensor& x) { return max(x, 0); });
+    check("narrow column sums", narrow, [](const Tensor& x) { return sum(x, {0}); });
+    check("unaligned column sums", offset, [](const Tensor& x) { return sum(x.narrow(1, 1, 776), {0}); });
   }
 }
 

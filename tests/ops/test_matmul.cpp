@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/random.h"
 #include "core/view.h"
@@ -77,8 +78,8 @@ MT_OP_CASE(OpCase("linear", "linear_no_bias").inputs({{3, 4}, {5, 4}}).compute([
 MT_OP_CASE(OpCase("linear", "linear_3d_input").inputs({{2, 3, 4}, {5, 4}, {5}}).compute([](const In& x) {
   return linear(x[0], x[1], x[2]);
 }));
-// Tile-sized: on CUDA the bias gradient comes from the weight-gradient GEMM's epilogue
-// (cuBLASLt BGRADB), summing 4 x 64 rows of dy for 96 outputs.
+// Tile-sized: on CUDA the bias gradient is a column sum of dy by 16-byte reads (96 columns,
+// 12 packs of 8 in bf16/f16) over 4 x 64 rows.
 MT_OP_CASE(OpCase("linear", "linear_bias_epilogue_sized")
                .inputs({{4, 64, 32}, {96, 32}, {96}})
                .compute([](const In& x) { return linear(x[0], x[1], x[2]); })
@@ -668,6 +669,33 @@ TEST(MatmulCuda, F64AndStridedOperandsMatchCpu) {
     expect_close(
         matmul(raw::to(ah, gpu).slice(2, 0, 9, 2), raw::to(raw::slice(bh, 0, 0, 9, 2), gpu)).to_vector<double>(),
         matmul(raw::to(strided, DType::f64), raw::to(raw::slice(bh, 0, 0, 9, 2), DType::f64)).to_vector<double>(), tol);
+  }
+}
+
+// A linear layer's bias gradient under bf16 autocast with f32 parameters: the column sums of
+// the bf16 dy, accumulated and kept in f32 (gemm's a_row_sums), over 2048 rows (row groups and
+// a second pass) of 768 and of 100 columns (packed and element-wise reads). Against the f64 CPU
+// sum of the same bf16 dy within 1e-5 relative: f32 accumulation, no bf16 rounding of the sum.
+TEST(MatmulCuda, BiasGradientUnderAutocastIsAnF32ColumnSumOfTheHalfGradient) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  for (const int64_t out_features : {768, 100}) {
+    const Tensor x = raw::to(random({2048, 64}, DType::f32, 3), gpu);
+    const Tensor w = raw::to(random({out_features, 64}, DType::f32, 4), gpu).requires_grad_();
+    const Tensor b = raw::to(random({out_features}, DType::f32, 5), gpu).requires_grad_();
+    const Tensor dy = raw::to(raw::to(random({2048, out_features}, DType::f32, 6), DType::bf16), gpu);
+    {
+      AutocastGuard amp(DeviceType::cuda, DType::bf16);
+      const Tensor y = linear(x, w, b);
+      ASSERT_EQ(y.dtype(), DType::bf16);
+      y.backward(dy);
+    }
+    ASSERT_EQ(b.grad().dtype(), DType::f32);
+    const std::vector<double> want = sum(raw::to(raw::to(dy, kCPU), DType::f64), {0}).to_vector<double>();
+    const std::vector<double> got = raw::to(b.grad(), DType::f64).to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << out_features << " [" << i << "]";
   }
 }
 
