@@ -216,6 +216,19 @@ TEST(Reduction, SumMeanMaxVarValues) {
   EXPECT_EQ(sum(x, {0}, true).shape(), (Shape{1, 3}));
 }
 
+// fn on x (rounded to its dtype) on CUDA against fn on the same values in f64 on the CPU, within
+// tol relative.
+using ReductionFn = std::function<Tensor(const Tensor&)>;
+void expect_cuda_reduction_matches_f64_cpu(const char* what, const Tensor& x, double tol, const ReductionFn& fn) {
+  const std::vector<double> want = fn(x.to(DType::f64)).to_vector<double>();
+  const std::vector<double> got = fn(x.to(cuda_device(0))).to_vector<double>();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+        << what << " " << dtype_name(x.dtype()) << " [" << i << "]";
+  }
+}
+
 // Long rows of a contiguous input take the split-row kernels on CUDA (partials, then their
 // reduction): a full sum and mean of 65536 elements, sums and maxima of rows of 20001 (a partial
 // last split), against the f64 CPU within 1e-5 relative (f32) or 1e-2 (bf16); and short rows,
@@ -228,15 +241,8 @@ TEST(Reduction, CudaLongRowsMatchTheCpu) {
   const Tensor short_rows = randn({5, 700}, DType::f64, &gen);
   for (const DType dtype : {DType::f32, DType::bf16}) {
     const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
-    auto check = [&](const char* what, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
-      const Tensor rounded = x.to(dtype);
-      const std::vector<double> want = fn(rounded.to(DType::f64)).to_vector<double>();
-      const std::vector<double> got = fn(rounded.to(cuda_device(0))).to_vector<double>();
-      ASSERT_EQ(got.size(), want.size()) << what;
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
-            << what << " " << dtype_name(dtype) << " [" << i << "]";
-      }
+    auto check = [&](const char* what, const Tensor& x, const ReductionFn& fn) {
+      expect_cuda_reduction_matches_f64_cpu(what, x.to(dtype), tol, fn);
     };
     check("sum of all", flat, [](const Tensor& x) { return sum(x); });
     check("mean of all", flat, [](const Tensor& x) { return mean(x); });
@@ -259,15 +265,8 @@ TEST(Reduction, CudaColumnSumsOfTallMatricesMatchTheCpu) {
   const Tensor offset = randn({1500, 777}, DType::f64, &gen);
   for (const DType dtype : {DType::f32, DType::bf16}) {
     const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
-    auto check = [&](const char* what, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
-      const Tensor rounded = x.to(dtype);
-      const std::vector<double> want = fn(rounded.to(DType::f64)).to_vector<double>();
-      const std::vector<double> got = fn(rounded.to(cuda_device(0))).to_vector<double>();
-      ASSERT_EQ(got.size(), want.size()) << what;
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
-            << what << " " << dtype_name(dtype) << " [" << i << "]";
-      }
+    auto check = [&](const char* what, const Tensor& x, const ReductionFn& fn) {
+      expect_cuda_reduction_matches_f64_cpu(what, x.to(dtype), tol, fn);
     };
     check("packed column sums", wide, [](const Tensor& x) { return sum(x, {0}); });
     check("packed column maxima", wide, [](const Tensor& x) { return max(x, 0); });
