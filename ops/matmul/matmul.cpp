@@ -113,7 +113,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
     if (!args.a_row_sums.defined()) return;
     NoGradGuard no_grad;
     Tensor target = args.a_row_sums;
-    const Tensor rows_of_a = raw::narrow(a, 0, 0, 1);  // op(a) [1, M, K] -> [M]
+    const Tensor rows_of_a = raw::narrow(a, 0, 0, 1);  // op(a)'s first matrix [1, M, K], summed over K
     // A wider target only by the column kernel: op(a)'s rows at unit stride (dy^T).
     const bool columns = m >= 2 && k >= 2 && rows_of_a.stride(1) == 1;
     const bool direct =
@@ -124,8 +124,8 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
 #else
       throw_no_cuda("matmul");
 #endif
-    } else {
-      target.copy_(sum(rows_of_a, {0, 2}));
+    } else {  // widened first: a half sum would round an f32 target's values to half
+      target.copy_(sum(as_dtype(rows_of_a, target.dtype()), {0, 2}));
     }
   };
   const Tensor& pre = args.gelu_pre_activation;
@@ -489,8 +489,8 @@ DType gradient_dtype(DType operands, DType wanted) {
 }
 
 // The base layer's gradients from dy [P, out]: dx = dy W, dW = dy^T x and db = the row
-// sums of dy^T, formed by the dW GEMM itself (or a reduction when dW is not wanted); dW and
-// db in w_dtype / b_dtype (the parameters' own) where the GEMM can write them so.
+// sums of dy^T, which gemm() forms beside the dW GEMM (or a reduction when dW is not
+// wanted); dW and db in w_dtype / b_dtype (the parameters' own) where gemm() can write them so.
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x_saved, const Tensor& w_saved, bool want_x, bool want_w,
                             bool want_b, int64_t in, DType w_dtype, DType b_dtype) {
   const int64_t rows = dy.size(0), out_features = dy.size(1);

@@ -392,8 +392,8 @@ bool gemm_typed(const GemmProblem& p) {
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(), raw_pref,
         /*requestedAlgoCount=*/autotune ? kAutotuneCandidates : 1, results.data(), &found);
-    // An epilogue narrows the choice: cuBLASLt says so either with no result or, for some shapes
-    // (a single-row dW), with NOT_SUPPORTED. Without one it always has an algorithm.
+    // An epilogue narrows the choice: cuBLASLt says so with no result or with NOT_SUPPORTED.
+    // Without one it always has an algorithm.
     const bool optional_epilogue = with_aux;
     if (optional_epilogue && status == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;

@@ -36,11 +36,14 @@ constexpr int kMaxPerLane = 32;     // row elements a lane may hold in the warp-
 constexpr int64_t kWarpRowCols = rowwise::kWarpSize * kMaxPerLane;  // widest row they take (1024)
 constexpr int kWarpRowBlock = 256;          // threads per block of the warp-per-row kernels: 8 rows at a time
 constexpr int64_t kMaxWarpRowGroups = 512;  // blocks (parameter-gradient partial rows) of the warp-per-row backward
-// Rows per warp of the warp-per-row backward. On an H200, [16384, 768] bf16 (op_bench layer_norm,
-// ncu): 4 rows (512 blocks, two waves of 2 blocks per SM) took the backward 27.9 us and the final
-// sum 4.6 us; 8 rows (256 blocks, one wave) 25.3 and 3.4 us; 16 rows were slower again (the op
-// 0.050 against 0.046 ms).
+// Blocks of the warp-per-row backward: kBackwardRowsPerWarp rows per warp, but at least
+// kMinBackwardGroups blocks (fewer rows per warp) while rows / 8 allows, so that fewer rows still
+// fill the GPU, and at most kMaxWarpRowGroups. On an H200, [16384, 768] bf16 (op_bench layer_norm,
+// ncu): 4 rows per warp (512 blocks, two waves of 2 blocks per SM) took the backward 27.9 us and
+// the final sum 4.6 us; 8 rows (256 blocks, one wave) 25.3 and 3.4 us; 16 rows were slower again
+// (the op 0.050 against 0.046 ms).
 constexpr int64_t kBackwardRowsPerWarp = 8;
+constexpr int64_t kMinBackwardGroups = 256;
 
 // The warp-per-row kernels' grid: kWarpRowBlock / 32 rows per block, capped (the kernels loop).
 inline unsigned warp_row_grid(int64_t rows) {
@@ -819,11 +822,14 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     using A = acc_t<T>;
     const int64_t rows = dy.shape()[0], cols = dy.shape()[1];
     if (cols > kWarpRowCols || !dx.defined() || rows == 0) return false;
-    // kBackwardRowsPerWarp rows per warp: each block's partial row costs a write and a read of
-    // `cols` sums, and a warp with more rows keeps its ring busy longer. The count depends on the
-    // rows alone (not on the device or the staging), so the sums' order does too.
-    const int64_t rows_per_block = kWarpRowBlock / rowwise::kWarpSize * kBackwardRowsPerWarp;
-    const int64_t groups = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, kMaxWarpRowGroups);
+    // Each block's partial row costs a write and a read of `cols` sums, and a warp with more rows
+    // keeps its ring busy longer (kBackwardRowsPerWarp). The count depends on the rows alone (not
+    // on the device or the staging), so the sums' order does too.
+    constexpr int64_t kWarps = kWarpRowBlock / rowwise::kWarpSize;
+    const int64_t by_rows_per_warp = (rows + kWarps * kBackwardRowsPerWarp - 1) / (kWarps * kBackwardRowsPerWarp);
+    const int64_t groups = std::min<int64_t>(
+        std::max<int64_t>(by_rows_per_warp, std::min<int64_t>(warp_row_grid(rows), kMinBackwardGroups)),
+        kMaxWarpRowGroups);
     const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
     const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
     const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]

@@ -3,11 +3,11 @@
 //    apart (a sum over the leading dims: bias gradients, sum_to of a broadcast).
 //    Threads of a warp take adjacent columns so every read is coalesced; row
 //    groups go to separate blocks, writing [groups, cols] partials in acc_t that
-//    a second launch of the same kernel sums. One block per output column would
-//    read with a stride of a whole row: a bias gradient of [16384, 3072] bf16
-//    took 16x the bytes it needs. Where every row starts on a 16-byte boundary a
-//    thread reads 16 bytes of adjacent columns at a time (the packed kernel): 2-byte
-//    reads left a bias gradient at about half the memory bandwidth.
+//    a second launch sums. One block per output column would read with a stride
+//    of a whole row: a bias gradient of [16384, 3072] bf16 took 16x the bytes it
+//    needs. Where the rows allow it (16-byte aligned, columns and row stride
+//    multiples of a pack) a thread reads 16 bytes of adjacent columns at a time
+//    (the packed kernel, the same sums in the same order), else one element.
 //  - rows: a contiguous input whose few outputs each reduce a long run of
 //    consecutive elements (a loss's mean): each row split over several blocks,
 //    writing [outer, splits] partials that a second launch reduces.

@@ -252,19 +252,22 @@ TEST(Reduction, CudaLongRowsMatchTheCpu) {
   }
 }
 
-// Sums and maxima over the rows of tall matrices take the CUDA column kernels: [1500, 776] the
-// packed one (16-byte reads of 8 bf16 or 4 f32 columns) over 5 row groups and then their
-// partials; [1500, 100] the packed one in f32 and the element-wise one in bf16 (100 is not a
-// multiple of 8); a view one column in (rows not 16-byte aligned) the element-wise one. Against
-// the f64 CPU within 1e-5 relative (f32) or 1e-2 (bf16).
+// Sums and maxima over the rows of tall matrices take the CUDA column kernels: [1501, 776] the
+// packed one (16-byte reads of 8 bf16/f16, 4 f32 or 2 f64 columns) over 5 row groups, the last
+// one short, and then their partials; [1501, 100] the packed one in f32 and f64 and the
+// element-wise one in bf16/f16 (100 is not a multiple of 8); a view one column into rows of 784
+// (strides of whole packs, but rows not 16-byte aligned) the element-wise one; a row expanded to
+// 600 rows (row stride 0) the packed one. Against the f64 CPU within 1e-5 relative (f32), 1e-2
+// (bf16, f16) or 1e-10 (f64).
 TEST(Reduction, CudaColumnSumsOfTallMatricesMatchTheCpu) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(43);
-  const Tensor wide = randn({1500, 776}, DType::f64, &gen);
-  const Tensor narrow = randn({1500, 100}, DType::f64, &gen);
-  const Tensor offset = randn({1500, 777}, DType::f64, &gen);
-  for (const DType dtype : {DType::f32, DType::bf16}) {
-    const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+  const Tensor wide = randn({1501, 776}, DType::f64, &gen);
+  const Tensor narrow = randn({1501, 100}, DType::f64, &gen);
+  const Tensor offset = randn({1501, 784}, DType::f64, &gen);
+  const Tensor row = randn({16}, DType::f64, &gen);
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    const double tol = dtype == DType::f32 ? 1e-5 : dtype == DType::f64 ? 1e-10 : 1e-2;
     auto check = [&](const char* what, const Tensor& x, const ReductionFn& fn) {
       expect_cuda_reduction_matches_f64_cpu(what, x.to(dtype), tol, fn);
     };
@@ -272,6 +275,7 @@ TEST(Reduction, CudaColumnSumsOfTallMatricesMatchTheCpu) {
     check("packed column maxima", wide, [](const Tensor& x) { return max(x, 0); });
     check("narrow column sums", narrow, [](const Tensor& x) { return sum(x, {0}); });
     check("unaligned column sums", offset, [](const Tensor& x) { return sum(x.narrow(1, 1, 776), {0}); });
+    check("expanded row sums", row, [](const Tensor& x) { return sum(x.expand({600, 16}), {0}); });
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -673,17 +674,19 @@ TEST(MatmulCuda, F64AndStridedOperandsMatchCpu) {
 }
 
 // A linear layer's bias gradient under bf16 autocast with f32 parameters: the column sums of
-// the bf16 dy, accumulated and kept in f32 (gemm's a_row_sums), over 2048 rows (row groups and
-// a second pass) of 768 and of 100 columns (packed and element-wise reads). Against the f64 CPU
-// sum of the same bf16 dy within 1e-5 relative: f32 accumulation, no bf16 rounding of the sum.
+// the bf16 dy, accumulated and kept in f32 (gemm's a_row_sums). 2048 rows of 768 and of 100
+// columns: row groups and a second pass, packed and element-wise reads; 64 rows: one pass from
+// bf16 straight to f32. Against the f64 CPU sum of the same bf16 dy within 1e-5 relative: f32
+// accumulation, no bf16 rounding of the sum.
 TEST(MatmulCuda, BiasGradientUnderAutocastIsAnF32ColumnSumOfTheHalfGradient) {
   MT_SKIP_WITHOUT_CUDA();
   const Device gpu = cuda_device(0);
-  for (const int64_t out_features : {768, 100}) {
-    const Tensor x = raw::to(random({2048, 64}, DType::f32, 3), gpu);
+  for (const auto& [rows, out_features] :
+       std::vector<std::pair<int64_t, int64_t>>{{2048, 768}, {2048, 100}, {64, 768}}) {
+    const Tensor x = raw::to(random({rows, 64}, DType::f32, 3), gpu);
     const Tensor w = raw::to(random({out_features, 64}, DType::f32, 4), gpu).requires_grad_();
     const Tensor b = raw::to(random({out_features}, DType::f32, 5), gpu).requires_grad_();
-    const Tensor dy = raw::to(raw::to(random({2048, out_features}, DType::f32, 6), DType::bf16), gpu);
+    const Tensor dy = raw::to(raw::to(random({rows, out_features}, DType::f32, 6), DType::bf16), gpu);
     {
       AutocastGuard amp(DeviceType::cuda, DType::bf16);
       const Tensor y = linear(x, w, b);
@@ -695,7 +698,8 @@ TEST(MatmulCuda, BiasGradientUnderAutocastIsAnF32ColumnSumOfTheHalfGradient) {
     const std::vector<double> got = raw::to(b.grad(), DType::f64).to_vector<double>();
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << out_features << " [" << i << "]";
+      EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+          << rows << " x " << out_features << " [" << i << "]";
   }
 }
 
