@@ -62,33 +62,61 @@ __device__ __forceinline__ void load_pack_as(const E* __restrict__ p, A* out) {
   }
 }
 
-// kN values written as E at p (aligned to the pack). From f32 to a half type, two per instruction
-// through the paired conversion (sm_80 on: cvt.rn.{bf16,f16}x2.f32, rounding to nearest even with
-// overflow to inf and exact subnormals, the rule's bits), unless the pack holds a NaN: then element
-// by element, as the rule keeps a NaN's payload.
+// From f32 to a half type, two values per instruction through the paired conversion (sm_80 on:
+// cvt.rn.{bf16,f16}x2.f32, rounding to nearest even with overflow to inf and exact subnormals,
+// the rule's bits), unless a value is a NaN: the rule keeps a NaN's payload, which that
+// instruction does not, so packs with one convert element by element.
+template <typename E, typename A, int kN>
+constexpr bool kPairedConversion =
+    (std::is_same_v<E, BFloat16> || std::is_same_v<E, Half>)&&std::is_same_v<A, float>&& kN % 2 == 0;
+
+// Whether in[0, kN) may take the paired conversion to E: kPairedConversion, on sm_80 or later, and
+// no NaN among them.
 template <int kN, typename E, typename A>
-__device__ __forceinline__ void store_pack_from(E* __restrict__ p, const A* in) {
+__device__ __forceinline__ bool pairs_convertible(const A* in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr bool kHalf = std::is_same_v<E, BFloat16> || std::is_same_v<E, Half>;
-  if constexpr (kHalf && std::is_same_v<A, float> && kN % 2 == 0) {
+  if constexpr (kPairedConversion<E, A, kN>) {
     bool nan = false;
 #pragma unroll
     for (int i = 0; i < kN; ++i) nan |= in[i] != in[i];
-    if (!nan) {
-      Pack<uint32_t, kN / 2> words;
+    return !nan;
+  }
+#endif
+  (void)in;
+  return false;
+}
+
+// in[0, kN) as kN / 2 words of E pairs, the first of each pair in the lower half; only for values
+// pairs_convertible allows.
+template <int kN, typename E, typename A>
+__device__ __forceinline__ void convert_pairs(const A* in, uint32_t* words) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kPairedConversion<E, A, kN>) {
 #pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {  // the first operand goes to the upper half
-        if constexpr (std::is_same_v<E, BFloat16>) {
-          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words.v[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
-        } else {
-          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words.v[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
-        }
+    for (int k = 0; k < kN / 2; ++k) {  // the instruction's first operand goes to the upper half
+      if constexpr (std::is_same_v<E, BFloat16>) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
+      } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words[k]) : "f"(in[2 * k + 1]), "f"(in[2 * k]));
       }
+    }
+  }
+#endif
+  (void)in, (void)words;
+}
+
+// kN values written as E at p (aligned to the pack): paired where pairs_convertible allows, else
+// element by element.
+template <int kN, typename E, typename A>
+__device__ __forceinline__ void store_pack_from(E* __restrict__ p, const A* in) {
+  if constexpr (kPairedConversion<E, A, kN>) {
+    if (pairs_convertible<kN, E>(in)) {
+      Pack<uint32_t, kN / 2> words;
+      convert_pairs<kN, E>(in, words.v);
       *reinterpret_cast<Pack<uint32_t, kN / 2>*>(p) = words;
       return;
     }
   }
-#endif
   Pack<E, kN> pack;
 #pragma unroll
   for (int i = 0; i < kN; ++i) pack.v[i] = convert<E>(in[i]);

@@ -31,7 +31,6 @@ namespace {
 constexpr int kColTile = 32;        // columns per parameter-gradient block (threadIdx.x)
 constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient block (threadIdx.y)
 constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
-constexpr int kFinalRows = 16;      // group rows in flight per block of the final sum (threadIdx.y)
 constexpr int kMaxPerLane = 32;     // row elements a lane may hold in the warp-per-row kernels
 constexpr int64_t kWarpRowCols = rowwise::kWarpSize * kMaxPerLane;  // widest row they take (1024)
 constexpr int kWarpRowBlock = 256;          // threads per block of the warp-per-row kernels: 8 rows at a time
@@ -63,26 +62,30 @@ void dispatch_per_lane(int64_t cols, Fn&& fn) {
   fn(std::integral_constant<int, kMaxPerLane>{});
 }
 
-// Calls fn(std::integral_constant<int, V>) with the columns per access of the warp-per-row
-// kernels: kPackColumns when every row of every operand starts on a boundary of that many
-// elements, else 1. Eight columns are one 16-byte access of a half type and two of f32. The
-// width does not depend on y's or dy's dtype, so that a half y and an f32 y of the same x sum
-// the row in the same order when every operand is aligned
-// (LayerNorm.CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients); a view that breaks the
-// alignment takes one element per access, and its sums are in another order.
-// In GPT-2's shapes the packs took op_bench's layer_norm (bf16, fwd+bwd) from 0.114 to 0.061 ms and
-// add_layer_norm from 0.156 to 0.101 ms.
+// The columns per access of the warp-per-row kernels when every row of every operand starts on
+// a boundary of that many elements (else 1). Eight columns are one 16-byte access of a half type
+// and two of f32. In GPT-2's shapes the packs took op_bench's layer_norm (bf16, fwd+bwd) from
+// 0.114 to 0.061 ms and add_layer_norm from 0.156 to 0.101 ms.
 constexpr int kPackColumns = 8;
 
-template <typename Fn>
+// Calls fn(std::integral_constant<int, V>, std::bool_constant<kFull>) with V, the columns per
+// access: kPackColumns where the operands allow it, else 1; and kFull (in_row) for packed rows of
+// exactly kPerLane * 32 columns, whose chunks need no predicates. On an H200 (op_bench layer_norm,
+// bf16 [16384, 768], ncu) kFull took the backward from 12.8M to 9.9M instructions and the forward
+// from 8.0M to 6.9M, the op from 0.046 to 0.044 ms. V does not depend on y's or dy's dtype, so
+// that a half y and an f32 y of the same x sum the row in the same order when every operand is
+// aligned (LayerNorm.CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients); a view that
+// breaks the alignment takes one element per access, and its sums are in another order.
+template <int kPerLane, typename Fn>
 void dispatch_vector_width(int64_t cols, std::initializer_list<const Tensor*> operands, Fn&& fn) {
   bool packed = cols % kPackColumns == 0;
   for (const Tensor* t : operands) {
     if (!packed) break;
     if (t->defined()) packed = cuda::aligned_to(t->data_ptr(), kPackColumns * element_size(t->dtype()));
   }
-  if (packed) return fn(std::integral_constant<int, kPackColumns>{});
-  fn(std::integral_constant<int, 1>{});
+  if (!packed) return fn(std::integral_constant<int, 1>{}, std::false_type{});
+  if (cols == kPerLane * rowwise::kWarpSize) return fn(std::integral_constant<int, kPackColumns>{}, std::true_type{});
+  fn(std::integral_constant<int, kPackColumns>{}, std::false_type{});
 }
 
 // The residual add of the add_*_norm ops, element by element: x + delta rounded to T, as add()
@@ -101,6 +104,14 @@ __device__ __forceinline__ int chunk_col(int lane, int j) {
   return (lane + rowwise::kWarpSize * j) * kVec;
 }
 
+// Whether lane chunk at column c lies in a row of `cols` columns. kFull: every row is exactly
+// kPerLane * 32 columns, known when the kernel is compiled, so that no chunk needs a predicate
+// or zeros past the row's end (GPT-2's 768 and 1024 columns; see dispatch_vector_width).
+template <bool kFull>
+__device__ __forceinline__ bool in_row(int c, int cols) {
+  return kFull || c < cols;
+}
+
 // kVec elements from in[0, kVec) to p (aligned to the pack).
 template <int kVec, typename E>
 __device__ __forceinline__ void store_chunk(E* __restrict__ p, const E* in) {
@@ -113,17 +124,55 @@ __device__ __forceinline__ void store_chunk(E* __restrict__ p, const E* in) {
 // The chunks of one row at `row` that lie in it (cols is a multiple of kVec), into
 // out[kPerLane] as O (E itself, or f32: cuda::load_pack_as, a bf16 one instruction) with zeros
 // past the row's end.
-template <int kPerLane, int kVec, typename E, typename O>
+template <int kPerLane, int kVec, bool kFull, typename E, typename O>
 __device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, int cols, O* out) {
 #pragma unroll
   for (int j = 0; j < kPerLane / kVec; ++j) {
     const int c = chunk_col<kVec>(lane, j);
-    if (c < cols) {
+    if (in_row<kFull>(c, cols)) {
       cuda::load_pack_as<kVec>(row + c, out + j * kVec);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) out[j * kVec + i] = O(0);
     }
+  }
+}
+
+// A lane's chunks of one row from values[kPerLane] (chunk_col's layout) to `row` as E, and the same
+// elements to `also` unless it is null (the backward's ddelta beside dx). When the
+// whole of the lane's row takes the paired conversion (cuda::pairs_convertible: one test), every
+// chunk is converted before the first store. A test and a branch per chunk had kept each chunk's
+// conversion behind the previous chunk's store, in the same registers, which a store releases only
+// once it has read them: ncu put the backward's largest stall on the long scoreboard. With this
+// and param_index's layout, op_bench layer_norm (bf16 [16384, 768], H200) went from 0.044 to
+// 0.043 ms (the backward 24.6 to 23.8 us, the forward 15.5 to 15.0), add_layer_norm from 0.104
+// to 0.100 ms.
+template <int kPerLane, int kVec, bool kFull, typename E, typename A>
+__device__ __forceinline__ void store_row(E* __restrict__ row, E* __restrict__ also, int lane, int cols,
+                                          const A* values) {
+  if constexpr (cuda::kPairedConversion<E, A, kVec>) {
+    if (cuda::pairs_convertible<kPerLane, E>(values)) {
+      uint32_t words[kPerLane / 2];
+      cuda::convert_pairs<kPerLane, E>(values, words);
+#pragma unroll
+      for (int j = 0; j < kPerLane / kVec; ++j) {
+        const int c = chunk_col<kVec>(lane, j);
+        if (!in_row<kFull>(c, cols)) continue;
+        cuda::Pack<uint32_t, kVec / 2> pack;
+#pragma unroll
+        for (int k = 0; k < kVec / 2; ++k) pack.v[k] = words[j * kVec / 2 + k];
+        *reinterpret_cast<cuda::Pack<uint32_t, kVec / 2>*>(row + c) = pack;
+        if (also != nullptr) *reinterpret_cast<cuda::Pack<uint32_t, kVec / 2>*>(also + c) = pack;
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane / kVec; ++j) {
+    const int c = chunk_col<kVec>(lane, j);
+    if (!in_row<kFull>(c, cols)) continue;
+    cuda::store_pack_from<kVec>(row + c, values + j * kVec);
+    if (also != nullptr) cuda::store_pack_from<kVec>(also + c, values + j * kVec);
   }
 }
 
@@ -134,7 +183,7 @@ __device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, in
 // needed. Rows on the way cost no registers: a warp keeps `stages` rows in flight while it works
 // on one. Unstaged (stages == 0, or one element per access, below cp.async's 16 bytes): read
 // from global memory into registers as the row is needed.
-template <typename E, int kPerLane, int kVec>
+template <typename E, int kPerLane, int kVec, bool kFull>
 struct RowStream {
   static constexpr bool kCanStage = kVec * sizeof(E) % 16 == 0;
   static constexpr int kSlotElements = kPerLane * rowwise::kWarpSize;  // a slot holds chunk_col's layout
@@ -156,7 +205,7 @@ struct RowStream {
 #pragma unroll
       for (int j = 0; j < kPerLane / kVec; ++j) {
         const int c = chunk_col<kVec>(lane, j);
-        if (c >= cols) continue;
+        if (!in_row<kFull>(c, cols)) continue;
 #pragma unroll
         for (int k = 0; k < kVec; k += kPerCopy) cuda::copy_async_16(dst + c + k, row + c + k);
       }
@@ -168,9 +217,9 @@ struct RowStream {
   template <typename O>
   __device__ __forceinline__ void read(int slot, const E* __restrict__ row, int lane, int cols, O* out) const {
     if (kCanStage && stages > 0) {
-      load_row<kPerLane, kVec>(ring + slot * kSlotElements, lane, cols, out);
+      load_row<kPerLane, kVec, kFull>(ring + slot * kSlotElements, lane, cols, out);
     } else {
-      load_row<kPerLane, kVec>(row, lane, cols, out);
+      load_row<kPerLane, kVec, kFull>(row, lane, cols, out);
     }
   }
 };
@@ -180,14 +229,44 @@ struct RowStream {
 // then read per row: a row would otherwise convert both again, element by element.
 constexpr int kParamRows = 2;
 
-template <typename T, int kPerLane>
+// Where column c's parameter sits in its shared row. One element per access: at c (lane l reads
+// l + 32 j, adjacent words). Packs of kVec > 4 f32 take several 16-byte reads per lane, and in
+// column order lane l's would start 32 bytes after lane l - 1's (two-way bank conflicts: ncu
+// counted 53% of the forward's shared wavefronts as excess); so each pack is cut into 4-float
+// quarters, and quarter q of the lanes' chunk j lies in one 512-byte run, lane after lane.
+template <int kVec>
+__device__ __forceinline__ int param_index(int c) {
+  if constexpr (kVec <= 4) {
+    return c;
+  } else {
+    constexpr int kQuarters = kVec / 4;
+    const int pack = c / kVec, lane = pack % rowwise::kWarpSize, j = pack / rowwise::kWarpSize;
+    return ((j * kQuarters + c % kVec / 4) * rowwise::kWarpSize + lane) * 4 + c % 4;
+  }
+}
+
+// Lane `lane`'s chunk j of parameters (kVec of them, chunk_col's) from a shared row laid out by
+// param_index: one base register per lane, the rest immediate offsets.
+template <int kVec>
+__device__ __forceinline__ void load_params(const float* row, int lane, int j, float* out) {
+  if constexpr (kVec <= 4) {
+    cuda::load_pack_as<kVec>(row + chunk_col<kVec>(lane, j), out);
+  } else {
+    const float* quarters = row + lane * 4 + j * (kVec / 4) * rowwise::kWarpSize * 4;
+#pragma unroll
+    for (int q = 0; q < kVec / 4; ++q) cuda::load_pack_as<4>(quarters + q * rowwise::kWarpSize * 4, out + 4 * q);
+  }
+}
+
+template <typename T, int kPerLane, int kVec>
 __device__ __forceinline__ void params_to_shared(float* shared, const T* __restrict__ weight,
                                                  const T* __restrict__ bias, int cols) {
   constexpr int kSlot = kPerLane * rowwise::kWarpSize;
   for (int c = static_cast<int>(threadIdx.x); c < kSlot; c += static_cast<int>(blockDim.x)) {
     const bool in_row = c < cols;
-    shared[c] = in_row && weight != nullptr ? convert<float>(weight[c]) : 1.0f;
-    shared[kSlot + c] = in_row && bias != nullptr ? convert<float>(bias[c]) : -0.0f;
+    const int at = param_index<kVec>(c);
+    shared[at] = in_row && weight != nullptr ? convert<float>(weight[c]) : 1.0f;
+    shared[kSlot + at] = in_row && bias != nullptr ? convert<float>(bias[c]) : -0.0f;
   }
   __syncthreads();
 }
@@ -238,7 +317,7 @@ struct RowRing {
 // registers as f32 (chunk_col's layout) and staged through `stages` row slots per warp in the
 // dynamic shared memory (RowStream), after the f32 weight and bias (params_to_shared). With a
 // delta the row is x + delta, also written to sum.
-template <typename T, typename Y, typename D, NormKind kKind, int kPerLane, int kVec>
+template <typename T, typename Y, typename D, NormKind kKind, int kPerLane, int kVec, bool kFull>
 __global__ void __launch_bounds__(kWarpRowBlock)
     norm_forward_warp_kernel(Y* __restrict__ y, T* __restrict__ sum, acc_t<T>* __restrict__ mean_out,
                              acc_t<T>* __restrict__ rstd_out, const T* __restrict__ x, const D* __restrict__ delta,
@@ -249,14 +328,18 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kWarpRowBlock / kLanes;
   constexpr int kChunks = kPerLane / kVec;
-  using XRows = RowStream<T, kPerLane, kVec>;
+  using XRows = RowStream<T, kPerLane, kVec, kFull>;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int warp = static_cast<int>(threadIdx.x) / kLanes;
+  // A warp holds only kPerLane elements per lane of a row, so each row's scalar work counts: the
+  // means multiply by 1 / cols and rstd is rsqrtf (at most 2 ulp from 1 / sqrt, as PyTorch's
+  // CUDA norms take it), where IEEE divisions and the square root each cost a slow-path branch.
+  const A inv_cols = A(1) / static_cast<A>(cols);
   extern __shared__ __align__(32) unsigned char staging[];
   float* const params = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]
-  params_to_shared<T, kPerLane>(params, weight, bias, cols);
+  params_to_shared<T, kPerLane, kVec>(params, weight, bias, cols);
   XRows x_rows;
-  RowStream<D, kPerLane, kVec> delta_rows;
+  RowStream<D, kPerLane, kVec, kFull> delta_rows;
   static_assert(decltype(delta_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
     unsigned char* cursor =
@@ -286,7 +369,7 @@ __global__ void __launch_bounds__(kWarpRowBlock)
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int c = chunk_col<kVec>(lane, j);
-        if (c >= cols) continue;
+        if (!in_row<kFull>(c, cols)) continue;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) xs[j * kVec + i] = residual_sum(xs[j * kVec + i], ds[j * kVec + i]);
         store_chunk<kVec>(sum + base + c, xs + j * kVec);
@@ -298,33 +381,31 @@ __global__ void __launch_bounds__(kWarpRowBlock)
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) row_sum += v[e];
     A mu = 0;
-    if constexpr (kKind == NormKind::layer) mu = rowwise::warp_reduce(row_sum, rowwise::Sum{}) / static_cast<A>(cols);
+    if constexpr (kKind == NormKind::layer) mu = rowwise::warp_reduce(row_sum, rowwise::Sum{}) * inv_cols;
     A var = 0;  // the centred sum of squares, as the block kernel takes it
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      if (chunk_col<kVec>(lane, j) >= cols) continue;
+      if (!in_row<kFull>(chunk_col<kVec>(lane, j), cols)) continue;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const A d = v[j * kVec + i] - mu;
         var += d * d;
       }
     }
-    const A rs = A(1) / math::sqrt(rowwise::warp_reduce(var, rowwise::Sum{}) / static_cast<A>(cols) + eps);
+    const A rs = rsqrtf(rowwise::warp_reduce(var, rowwise::Sum{}) * inv_cols + eps);
     if (lane == 0) {
       if constexpr (kKind == NormKind::layer) mean_out[r] = mu;
       rstd_out[r] = rs;
     }
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int c = chunk_col<kVec>(lane, j);
-      if (c >= cols) continue;
-      A w[kVec], b[kVec], out[kVec];
-      cuda::load_pack_as<kVec>(params + c, w);
-      cuda::load_pack_as<kVec>(params + XRows::kSlotElements + c, b);
+      A w[kVec], b[kVec];
+      load_params<kVec>(params, lane, j, w);  // past the row's end: 1 and -0
+      load_params<kVec>(params + XRows::kSlotElements, lane, j, b);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = (v[j * kVec + i] - mu) * rs * w[i] + b[i];
-      cuda::store_pack_from<kVec>(y + base + c, out);
+      for (int i = 0; i < kVec; ++i) v[j * kVec + i] = (v[j * kVec + i] - mu) * rs * w[i] + b[i];
     }
+    store_row<kPerLane, kVec, kFull>(y + base, static_cast<Y*>(nullptr), lane, cols, v);
     // Only now is the slot free: the stores above needed every value read from it, so its reads
     // have completed before the copies that overwrite it are issued.
     ring.refill(r, stride, rows, fill);
@@ -351,7 +432,7 @@ __device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
 // dweight_part / dbias_part [gridDim.x, cols] (a null one is skipped), which sum_groups_kernel
 // then reduces. Deterministic: the grid depends on the rows alone. The residual (see NormResidualGrad) is added as dx
 // is stored.
-template <typename T, typename G, typename D, NormKind kKind, int kPerLane, int kVec>
+template <typename T, typename G, typename D, NormKind kKind, int kPerLane, int kVec, bool kFull>
 __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
                               acc_t<T>* __restrict__ dbias_part, const G* __restrict__ dy, const T* __restrict__ dsum,
@@ -366,11 +447,11 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   const int warp = static_cast<int>(threadIdx.x) / kLanes;
   const A inv_cols = A(1) / static_cast<A>(cols);
   const bool params = dweight_part != nullptr || dbias_part != nullptr;
-  using XRows = RowStream<T, kPerLane, kVec>;
+  using XRows = RowStream<T, kPerLane, kVec, kFull>;
   extern __shared__ __align__(32) unsigned char staging[];
   float* const weights = reinterpret_cast<float*>(staging);  // [kParamRows][kSlotElements]; no bias here
-  params_to_shared<T, kPerLane>(weights, weight, nullptr, cols);
-  RowStream<G, kPerLane, kVec> dy_rows;
+  params_to_shared<T, kPerLane, kVec>(weights, weight, nullptr, cols);
+  RowStream<G, kPerLane, kVec, kFull> dy_rows;
   XRows x_rows, dsum_rows;
   static_assert(decltype(dy_rows)::kCanStage == XRows::kCanStage, "one ring for every stream");
   {
@@ -412,10 +493,9 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int c = chunk_col<kVec>(lane, j);
-      if (c >= cols) continue;
+      if (!in_row<kFull>(chunk_col<kVec>(lane, j), cols)) continue;
       A w[kVec];
-      cuda::load_pack_as<kVec>(weights + c, w);  // 1 without a weight
+      load_params<kVec>(weights, lane, j, w);  // 1 without a weight
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const int e = j * kVec + i;
@@ -438,16 +518,14 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) g[e] = add_unfused(convert<A>(convert<T>(g[e])), ds[e]);
     }
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int c = chunk_col<kVec>(lane, j);
-      if (c >= cols) continue;
-      cuda::store_pack_from<kVec>(dx + base + c, g + j * kVec);
-      // ddelta: dx's value (g rounded to T) in D, which is g rounded to D: T is f32, or D is T.
-      if (ddelta != nullptr) {
-        static_assert(std::is_same_v<T, float> || std::is_same_v<D, T>, "dispatch_residual's pairs");
-        cuda::store_pack_from<kVec>(ddelta + base + c, g + j * kVec);
-      }
+    // ddelta: dx's value (g rounded to T) in D, which is g rounded to D: D is T (the same
+    // elements), or T is f32.
+    static_assert(std::is_same_v<T, float> || std::is_same_v<D, T>, "dispatch_residual's pairs");
+    if constexpr (std::is_same_v<D, T>) {
+      store_row<kPerLane, kVec, kFull>(dx + base, ddelta != nullptr ? ddelta + base : nullptr, lane, cols, g);
+    } else {
+      store_row<kPerLane, kVec, kFull>(dx + base, static_cast<T*>(nullptr), lane, cols, g);
+      if (ddelta != nullptr) store_row<kPerLane, kVec, kFull>(ddelta + base, static_cast<D*>(nullptr), lane, cols, g);
     }
     ring.refill(r, stride, rows, fill);  // after the stores that needed every value of the slot
   }
@@ -595,30 +673,48 @@ __global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbia
 
 // out[c] = sum over groups of part[g, c], cast to T, for (out, part) = (dweight, dweight_part)
 // at blockIdx.y 0 and (dbias, dbias_part) at 1 (one launch for both; a null pair is skipped).
-// Block (kColTile, kFinalRows): threads of a warp read adjacent columns, the kFinalRows rows of
-// threads split the groups and combine through shared memory (one thread per column summing
-// every group alone left a 768-wide norm with 3 blocks, each thread 256 loads deep).
+// Block of kFinalThreads over kFinalCols columns: lane l of a warp reads column l % kFinalCols of
+// group row (warp * 4 + l / kFinalCols) and every 32nd after it (a warp load is four full
+// 32-byte sectors); the four rows of a warp combine by shuffles, the warps through shared
+// memory, in a fixed order. Narrow column tiles give a 768-wide norm 192 blocks, each thread a
+// few loads deep: 32-column tiles left it 48 blocks, 16 loads deep (3.4 us on an H200 for 256
+// groups, most of it latency).
+constexpr int kFinalCols = 8;
+constexpr int kFinalThreads = 256;
+
 template <typename T>
-__global__ void sum_groups_kernel(T* dweight, const acc_t<T>* dweight_part, T* dbias, const acc_t<T>* dbias_part,
-                                  int64_t groups, int64_t cols) {
+__global__ void __launch_bounds__(kFinalThreads)
+    sum_groups_kernel(T* dweight, const acc_t<T>* dweight_part, T* dbias, const acc_t<T>* dbias_part, int64_t groups,
+                      int64_t cols) {
   using A = acc_t<T>;
+  constexpr int kLanes = rowwise::kWarpSize;
+  constexpr int kWarps = kFinalThreads / kLanes;
+  constexpr int kRowsPerWarp = kLanes / kFinalCols;
+  constexpr int kGroupStride = kWarps * kRowsPerWarp;  // 32 group rows in flight per block
   T* out = blockIdx.y == 0 ? dweight : dbias;
   const A* part = blockIdx.y == 0 ? dweight_part : dbias_part;
   if (out == nullptr) return;  // the whole block: no barrier is skipped by some
-  __shared__ A tile[kFinalRows][kColTile + 1];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int warp = static_cast<int>(threadIdx.x) / kLanes;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + lane % kFinalCols;
   A s = 0;
   if (c < cols) {
     // Unrolled so that several loads are in flight before the first add needs one; the adds keep
     // their order.
 #pragma unroll 8
-    for (int64_t g = threadIdx.y; g < groups; g += kFinalRows) s += part[g * cols + c];
+    for (int64_t g = warp * kRowsPerWarp + lane / kFinalCols; g < groups; g += kGroupStride) s += part[g * cols + c];
   }
-  tile[threadIdx.y][threadIdx.x] = s;
+  static_assert(kRowsPerWarp == 4, "two shuffle steps combine a warp's group rows");
+  s += __shfl_xor_sync(0xffffffffu, s, kFinalCols);
+  s += __shfl_xor_sync(0xffffffffu, s, 2 * kFinalCols);
+  __shared__ A by_warp[kWarps][kFinalCols];
+  if (lane < kFinalCols) by_warp[warp][lane] = s;
   __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    for (int i = 1; i < kFinalRows; ++i) s += tile[i][threadIdx.x];
-    out[c] = convert<T>(s);
+  if (threadIdx.x < kFinalCols && c < cols) {
+    A total = by_warp[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total += by_warp[w][threadIdx.x];
+    out[c] = convert<T>(total);
   }
 }
 
@@ -777,10 +873,12 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
     if (cols > kWarpRowCols) return false;
     const std::initializer_list<const Tensor*> operands = {&y, &x, &weight, &bias, &residual.sum, &residual.delta};
     dispatch_per_lane(cols, [&](auto per_lane) {
-      dispatch_vector_width(cols, operands, [&](auto vec) {
-        constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
-        const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec>;
-        using XRows = RowStream<T, kPerLane, kVec>;
+      constexpr int kPerLane = decltype(per_lane)::value;
+      dispatch_vector_width<kPerLane>(cols, operands, [&](auto vec, auto full) {
+        constexpr int kVec = decltype(vec)::value;
+        constexpr bool kFull = decltype(full)::value;
+        const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec, kFull>;
+        using XRows = RowStream<T, kPerLane, kVec, kFull>;
         const size_t row_bytes = XRows::kSlotElements * (sizeof(T) + (residual.delta.defined() ? sizeof(D) : 0));
         const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
             reinterpret_cast<const void*>(kernel), x.device().index, kParamBytes<kPerLane>, row_bytes, rows, 0);
@@ -802,8 +900,8 @@ void sum_partial_groups(const Tensor& dweight, const Tensor& dweight_part, const
                         const Tensor& dbias_part, int64_t groups, int64_t cols, const cuda::Stream& stream) {
   using A = acc_t<T>;
   if (!dweight.defined() && !dbias.defined()) return;
-  const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), 2);
-  sum_groups_kernel<T><<<grid, dim3(kColTile, kFinalRows), 0, stream.handle()>>>(
+  const dim3 grid(static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols), 2);
+  sum_groups_kernel<T><<<grid, kFinalThreads, 0, stream.handle()>>>(
       mutable_data_or_null<T>(dweight), data_or_null<A>(dweight_part), mutable_data_or_null<T>(dbias),
       data_or_null<A>(dbias_part), groups, cols);
   MT_CUDA_CHECK_LAUNCH();
@@ -835,10 +933,12 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
     const std::initializer_list<const Tensor*> operands = {&dx, &dy, &x, &weight, &residual.dsum, &residual.ddelta};
     dispatch_per_lane(cols, [&](auto per_lane) {
-      dispatch_vector_width(cols, operands, [&](auto vec) {
-        constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
-        const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec>;
-        using XRows = RowStream<T, kPerLane, kVec>;
+      constexpr int kPerLane = decltype(per_lane)::value;
+      dispatch_vector_width<kPerLane>(cols, operands, [&](auto vec, auto full) {
+        constexpr int kVec = decltype(vec)::value;
+        constexpr bool kFull = decltype(full)::value;
+        const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec, kFull>;
+        using XRows = RowStream<T, kPerLane, kVec, kFull>;
         const size_t row_bytes =
             XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
         const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
