@@ -13,6 +13,9 @@
    --f32-tolerance (relative). Under bf16 the yardstick is bf16's own noise: PyTorch also
    trains in f32, and our distance from PyTorch's bf16 run may be at most --noise-factor
    times the distance between PyTorch's bf16 and f32 runs (the larger over the steps of each).
+   A last line, not part of the verdict, gives both bf16 runs' mean and largest gaps to the f32
+   run: the setup's constant lr without warm-up makes one-step loss spikes, and one spike in
+   either run decides the largest gap.
 
 Usage (after building): python3 tools/parity/gpt2_loss_curve.py --bin build/tools/gpt_train_steps --device cuda
 A small model for the CPU: --layers 2 --embd 64 --heads 4 --vocab 256 --batch 4 --seq 64 --amp off
@@ -149,6 +152,13 @@ def main():
         ok = diff <= args.noise_factor * noise
         print(f"gpt2_loss_curve: {amp}, max |mixtrain - PyTorch| {diff:.3e}; bf16 noise (max |PyTorch {amp} - "
               f"PyTorch f32|) {noise:.3e}; allowed {args.noise_factor:g}x: {'PASS' if ok else 'FAIL'}")
+        # Not part of the verdict: both half runs against the f32 one, on average as well as at the worst step
+        # (one loss spike in either run decides the largest gap).
+        def gaps(losses):
+            each = [abs(a - b) for a, b in zip(losses, reference)]
+            worst = max(range(len(each)), key=lambda k: each[k])
+            return f"mean {sum(each) / len(each):.3e}, max {each[worst]:.3e} (step {worst})"
+        print(f"gpt2_loss_curve: against PyTorch f32: mixtrain {amp} {gaps(ours)}; PyTorch {amp} {gaps(theirs)}")
     print(f"gpt2_loss_curve: loss {ours[0]:.4f} -> {ours[-1]:.4f} (mixtrain), {theirs[0]:.4f} -> {theirs[-1]:.4f} "
           "(PyTorch)")
     return 0 if ok else 1
