@@ -88,6 +88,16 @@ void dispatch_vector_width(int64_t cols, std::initializer_list<const Tensor*> op
   fn(std::integral_constant<int, kPackColumns>{}, std::false_type{});
 }
 
+// fn(per_lane, vec, full): the warp-per-row kernels' layout of rows of `cols` columns, as the
+// integral constants of dispatch_per_lane and dispatch_vector_width.
+template <typename Fn>
+void dispatch_row_layout(int64_t cols, std::initializer_list<const Tensor*> operands, Fn&& fn) {
+  dispatch_per_lane(cols, [&](auto per_lane) {
+    dispatch_vector_width<decltype(per_lane)::value>(cols, operands,
+                                                     [&](auto vec, auto full) { fn(per_lane, vec, full); });
+  });
+}
+
 // The residual add of the add_*_norm ops, element by element: x + delta rounded to T, as add()
 // stores it (the norm's input, and the sum they return).
 template <typename T, typename D>
@@ -872,22 +882,19 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
     const int64_t rows = x.shape()[0], cols = x.shape()[1];
     if (cols > kWarpRowCols) return false;
     const std::initializer_list<const Tensor*> operands = {&y, &x, &weight, &bias, &residual.sum, &residual.delta};
-    dispatch_per_lane(cols, [&](auto per_lane) {
-      constexpr int kPerLane = decltype(per_lane)::value;
-      dispatch_vector_width<kPerLane>(cols, operands, [&](auto vec, auto full) {
-        constexpr int kVec = decltype(vec)::value;
-        constexpr bool kFull = decltype(full)::value;
-        const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec, kFull>;
-        using XRows = RowStream<T, kPerLane, kVec, kFull>;
-        const size_t row_bytes = XRows::kSlotElements * (sizeof(T) + (residual.delta.defined() ? sizeof(D) : 0));
-        const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
-            reinterpret_cast<const void*>(kernel), x.device().index, kParamBytes<kPerLane>, row_bytes, rows, 0);
-        kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
-            static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
-            static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
-            data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps),
-            plan.stages);
-      });
+    dispatch_row_layout(cols, operands, [&](auto per_lane, auto vec, auto full) {
+      constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
+      constexpr bool kFull = decltype(full)::value;
+      const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec, kFull>;
+      using XRows = RowStream<T, kPerLane, kVec, kFull>;
+      const size_t row_bytes = XRows::kSlotElements * (sizeof(T) + (residual.delta.defined() ? sizeof(D) : 0));
+      const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
+          reinterpret_cast<const void*>(kernel), x.device().index, kParamBytes<kPerLane>, row_bytes, rows, 0);
+      kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
+          static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum), mutable_data_or_null<A>(mean),
+          static_cast<A*>(rstd.data_ptr()), static_cast<const T*>(x.data_ptr()), data_or_null<D>(residual.delta),
+          data_or_null<T>(weight), data_or_null<T>(bias), rows, static_cast<int>(cols), static_cast<A>(eps),
+          plan.stages);
     });
     return true;
   }
@@ -932,23 +939,20 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
     const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
     const std::initializer_list<const Tensor*> operands = {&dx, &dy, &x, &weight, &residual.dsum, &residual.ddelta};
-    dispatch_per_lane(cols, [&](auto per_lane) {
-      constexpr int kPerLane = decltype(per_lane)::value;
-      dispatch_vector_width<kPerLane>(cols, operands, [&](auto vec, auto full) {
-        constexpr int kVec = decltype(vec)::value;
-        constexpr bool kFull = decltype(full)::value;
-        const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec, kFull>;
-        using XRows = RowStream<T, kPerLane, kVec, kFull>;
-        const size_t row_bytes =
-            XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
-        const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
-            reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes, rows, groups);
-        kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
-            static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), mutable_data_or_null<A>(dw_part),
-            mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
-            static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()),
-            data_or_null<T>(weight), rows, static_cast<int>(cols), plan.stages);
-      });
+    dispatch_row_layout(cols, operands, [&](auto per_lane, auto vec, auto full) {
+      constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
+      constexpr bool kFull = decltype(full)::value;
+      const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec, kFull>;
+      using XRows = RowStream<T, kPerLane, kVec, kFull>;
+      const size_t row_bytes =
+          XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
+      const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
+          reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes, rows, groups);
+      kernel<<<plan.grid, kWarpRowBlock, plan.smem, stream.handle()>>>(
+          static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), mutable_data_or_null<A>(dw_part),
+          mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
+          static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()),
+          data_or_null<T>(weight), rows, static_cast<int>(cols), plan.stages);
     });
     MT_CUDA_CHECK_LAUNCH();
     sum_partial_groups<T>(dweight, dw_part, dbias, db_part, groups, cols, stream);
