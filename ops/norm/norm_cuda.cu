@@ -246,13 +246,23 @@ constexpr int kParamRows = 2;
 // lane after lane. ncu on the bf16 [16384, 768] op: the excess shared-memory wavefronts went from
 // 53% to 40% of the forward's, from 27% to 8% of the backward's (the rest was not traced).
 template <int kVec>
+__device__ __forceinline__ int param_chunk_start(int lane, int j) {  // lane's chunk j (its quarter 0)
+  if constexpr (kVec <= 4) {
+    return chunk_col<kVec>(lane, j);
+  } else {
+    return (j * (kVec / 4) * rowwise::kWarpSize + lane) * 4;
+  }
+}
+constexpr int kParamQuarterStride = rowwise::kWarpSize * 4;  // floats from one quarter run to the next
+
+template <int kVec>
 __device__ __forceinline__ int param_index(int c) {
   if constexpr (kVec <= 4) {
     return c;
   } else {
-    constexpr int kQuarters = kVec / 4;
-    const int pack = c / kVec, lane = pack % rowwise::kWarpSize, j = pack / rowwise::kWarpSize;
-    return ((j * kQuarters + c % kVec / 4) * rowwise::kWarpSize + lane) * 4 + c % 4;
+    const int pack = c / kVec;
+    return param_chunk_start<kVec>(pack % rowwise::kWarpSize, pack / rowwise::kWarpSize) +
+           c % kVec / 4 * kParamQuarterStride + c % 4;
   }
 }
 
@@ -260,12 +270,12 @@ __device__ __forceinline__ int param_index(int c) {
 // param_index: one base register per lane, the rest immediate offsets.
 template <int kVec>
 __device__ __forceinline__ void load_params(const float* row, int lane, int j, float* out) {
+  const float* start = row + param_chunk_start<kVec>(lane, j);
   if constexpr (kVec <= 4) {
-    cuda::load_pack_as<kVec>(row + chunk_col<kVec>(lane, j), out);
+    cuda::load_pack_as<kVec>(start, out);
   } else {
-    const float* quarters = row + lane * 4 + j * (kVec / 4) * rowwise::kWarpSize * 4;
 #pragma unroll
-    for (int q = 0; q < kVec / 4; ++q) cuda::load_pack_as<4>(quarters + q * rowwise::kWarpSize * 4, out + 4 * q);
+    for (int q = 0; q < kVec / 4; ++q) cuda::load_pack_as<4>(start + q * kParamQuarterStride, out + 4 * q);
   }
 }
 
