@@ -8,14 +8,19 @@
    ln(successors).
 3. tools/parity/gpt_train_steps (mixtrain) and PyTorch (transformers' GPT2LMHeadModel, the
    loss as F.cross_entropy on the logits) train that model on those batches: AdamW on every
-   parameter, constant lr, no clipping; under autocast (--amp bf16) or in f32 (--amp off).
+   parameter; by default GPT-2's recipe, the lr warmed up linearly over --warmup steps and then
+   a half cosine to 0 at the last step (mt::WarmupCosineLR, and the same factor here in a
+   LambdaLR: that of transformers' get_cosine_schedule_with_warmup), the gradients' global norm clipped at --clip; under autocast (--amp bf16) or in f32
+   (--amp off). --schedule constant --warmup 0 --clip 0 is the setup without either.
 4. The losses are printed side by side. Under --amp off they must agree within
    --f32-tolerance (relative). Under bf16 the yardstick is bf16's own noise: PyTorch also
    trains in f32, and our distance from PyTorch's bf16 run may be at most --noise-factor
    times the distance between PyTorch's bf16 and f32 runs (the larger over the steps of each).
    A last line, not part of the verdict, gives both bf16 runs' mean and largest gaps to the f32
-   run: the setup's constant lr without warm-up makes one-step loss spikes, and one spike in
-   either run decides the largest gap.
+   run. Why the warm-up and the clipping: at a constant 6e-4 from step 0 this model makes
+   one-step loss spikes, a different one in each run (PyTorch's f32 and bf16 runs included),
+   and after a spike runs that agreed to 1e-6 drift apart, so the largest gap measured which run
+   spiked more rather than the numerics.
 
 Usage (after building): python3 tools/parity/gpt2_loss_curve.py --bin build/tools/gpt_train_steps --device cuda
 A small model for the CPU: --layers 2 --embd 64 --heads 4 --vocab 256 --batch 4 --seq 64 --amp off
@@ -52,6 +57,16 @@ def torch_losses(model_dir, batches, device, amp, args):
     fused = device.startswith("cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                                   weight_decay=args.weight_decay, fused=fused)
+    scheduler = None
+    if args.schedule == "warmup-cosine":
+        warmup, total = args.warmup, batches.shape[0]
+
+        def factor(step):  # step / warmup, then a half cosine from 1 to 0 at `total`
+            if step < warmup:
+                return step / warmup
+            return max(0.0, 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     losses = []
     for step in range(batches.shape[0]):
@@ -62,7 +77,11 @@ def torch_losses(model_dir, batches, device, amp, args):
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
+        if scheduler:
+            scheduler.step()
         losses.append(loss.item())
     return losses
 
@@ -70,7 +89,8 @@ def torch_losses(model_dir, batches, device, amp, args):
 def our_losses(args, model_dir, batches_path, amp):
     cmd = [args.bin, "--model", model_dir, "--batches", batches_path, "--device", args.device, "--amp", amp,
            "--lr", repr(args.lr), "--beta1", repr(args.beta1), "--beta2", repr(args.beta2), "--eps", repr(args.eps),
-           "--weight-decay", repr(args.weight_decay)]
+           "--weight-decay", repr(args.weight_decay), "--schedule", args.schedule, "--warmup", str(args.warmup),
+           "--clip", repr(args.clip)]
     print("+", " ".join(cmd), flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
@@ -97,6 +117,10 @@ def main():
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--schedule", default="warmup-cosine", choices=["warmup-cosine", "constant"],
+                   help="lr: linear warm-up then a half cosine to 0 at the last step, or constant")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up steps of warmup-cosine")
+    p.add_argument("--clip", type=float, default=1.0, help="largest global gradient norm (0: no clipping)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--f32-tolerance", type=float, default=1e-4, help="relative, per step, under --amp off")
     p.add_argument("--noise-factor", type=float, default=2.0, help="bf16: allowed multiple of PyTorch's bf16-vs-f32")
@@ -106,6 +130,12 @@ def main():
     for name in ("steps", "layers", "embd", "heads", "vocab", "batch", "seq", "successors"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.clip < 0:
+        p.error(f"--warmup and --clip must be >= 0, got {args.warmup} and {args.clip}")
+    if args.schedule == "constant" and args.warmup:
+        p.error("--warmup needs --schedule warmup-cosine")
+    if args.schedule == "warmup-cosine" and args.warmup >= args.steps:
+        p.error(f"--warmup {args.warmup} must be below --steps {args.steps}")
     if args.embd % args.heads:
         p.error(f"--embd {args.embd} is not a multiple of --heads {args.heads}")
 

@@ -4,14 +4,19 @@
 //
 //   gpt_train_steps --model hf_dir --batches batches.safetensors [--device cuda] [--amp bf16]
 //                   [--lr 6e-4 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1]
+//                   [--schedule warmup-cosine --warmup 10 --clip 1.0]
 //
 // batches.safetensors holds "ids" [steps, B, T + 1] (I64): step s trains on inputs
-// ids[s, :, :T] and targets ids[s, :, 1:]. Every parameter is decayed (no groups), the
-// learning rate is constant and nothing is clipped, so that both sides run the same
-// update. Each step prints "step S loss L" with L to 9 significant digits.
+// ids[s, :, :T] and targets ids[s, :, 1:]. Every parameter is decayed (no groups), so that
+// both sides run the same update. The learning rate is constant (--schedule constant) or
+// warms up linearly over --warmup steps and then follows a half cosine to 0 at the last step
+// (mt::WarmupCosineLR, as transformers' get_cosine_schedule_with_warmup: step 0 has lr 0).
+// --clip > 0 clips the gradients' global norm before each step (mt::clip_grad_norm_).
+// Each step prints "step S loss L" with L to 9 significant digits.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <memory>
 
 #include "core/cuda_context.h"
 #include "core/safetensors.h"
@@ -19,6 +24,8 @@
 #include "ops/nn/gpt.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_scheduler.h"
 
 namespace {
 
@@ -45,7 +52,9 @@ mt::Tensor load_batches(const std::string& path, int64_t vocab_size, int64_t n_p
 int main(int argc, char** argv) {
   CLI::App app{"Train a Hugging Face GPT-2 checkpoint on given batches and print every step's loss"};
   std::string model_dir, batches_path, device_name = "cpu", amp = "off";
-  double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 0;
+  std::string schedule = "constant";
+  int64_t warmup = 0;
   app.add_option("--model", model_dir, "HF GPT-2 directory (dropout 0)")->required()->check(CLI::ExistingDirectory);
   app.add_option("--batches", batches_path, "safetensors file with \"ids\" [steps, B, T + 1] I64")
       ->required()
@@ -54,14 +63,30 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp, "autocast: off, bf16 or fp16 (fp16 without a loss scaler)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "bf16", "fp16"}));
-  app.add_option("--lr", lr, "constant learning rate")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--lr", lr, "learning rate (the peak of warmup-cosine)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
   app.add_option("--beta1", beta1, "AdamW beta1")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   app.add_option("--beta2", beta2, "AdamW beta2")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   app.add_option("--eps", eps, "AdamW epsilon")->capture_default_str()->check(gpt_example::positive());
   app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay, on every parameter")
       ->capture_default_str()
       ->check(gpt_example::non_negative());
+  app.add_option("--schedule", schedule, "constant, or warmup-cosine (linear warm-up, then a half cosine to 0)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"constant", "warmup-cosine"}));
+  app.add_option("--warmup", warmup, "warm-up steps of warmup-cosine")
+      ->capture_default_str()
+      ->check(gpt_example::non_negative());
+  app.add_option("--clip", clip, "largest global gradient norm (0: no clipping)")
+      ->capture_default_str()
+      ->check(gpt_example::non_negative());
   CLI11_PARSE(app, argc, argv);
+  if (schedule == "constant" && warmup > 0) {
+    std::fprintf(stderr, "gpt_train_steps: --warmup %lld needs --schedule warmup-cosine\n",
+                 static_cast<long long>(warmup));
+    return 2;
+  }
 
   try {
     const mt::Device device(device_name);
@@ -75,11 +100,15 @@ int main(int argc, char** argv) {
     const int64_t steps = batches.size(0), seq = batches.size(2) - 1;
     mt::AdamW optimizer(model->trainable_parameters(),
                         mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay));
+    MT_CHECK(schedule == "constant" || warmup < steps, "--warmup ", warmup, " must be below the ", steps, " steps of ",
+             batches_path);
+    std::unique_ptr<mt::WarmupCosineLR> scheduler;
+    if (schedule == "warmup-cosine") scheduler = std::make_unique<mt::WarmupCosineLR>(optimizer, warmup, steps);
     const bool autocast = amp != "off";
     const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
-    std::printf("gpt_train_steps: %lld steps of B=%lld T=%lld on %s, amp %s\n", static_cast<long long>(steps),
-                static_cast<long long>(batches.size(1)), static_cast<long long>(seq), device.str().c_str(),
-                amp.c_str());
+    std::printf("gpt_train_steps: %lld steps of B=%lld T=%lld on %s, amp %s, lr %g (%s, warm-up %lld), clip %g\n",
+                static_cast<long long>(steps), static_cast<long long>(batches.size(1)), static_cast<long long>(seq),
+                device.str().c_str(), amp.c_str(), lr, schedule.c_str(), static_cast<long long>(warmup), clip);
     for (int64_t step = 0; step < steps; ++step) {
       const mt::Tensor ids = batches.narrow(0, step, 1).squeeze(0).to(device);
       mt::Tensor loss;
@@ -89,7 +118,9 @@ int main(int argc, char** argv) {
       }
       optimizer.zero_grad();
       loss.backward();
+      if (clip > 0) mt::clip_grad_norm_(model->trainable_parameters(), clip);
       optimizer.step();
+      if (scheduler) scheduler->step();
       std::printf("step %lld loss %.9g\n", static_cast<long long>(step), loss.item());
       std::fflush(stdout);
     }
