@@ -10,8 +10,9 @@
    loss as F.cross_entropy on the logits) train that model on those batches: AdamW on every
    parameter; by default GPT-2's recipe, the lr warmed up linearly over --warmup steps and then
    a half cosine to 0 at the last step (mt::WarmupCosineLR, and the same factor here in a
-   LambdaLR: that of transformers' get_cosine_schedule_with_warmup), the gradients' global norm clipped at --clip; under autocast (--amp bf16) or in f32
-   (--amp off). --schedule constant --warmup 0 --clip 0 is the setup without either.
+   LambdaLR: that of transformers' get_cosine_schedule_with_warmup), the gradients' global norm
+   clipped at --clip; under autocast (--amp bf16) or in f32 (--amp off). --schedule constant
+   --warmup 0 --clip 0 is the setup without either.
 4. The losses are printed side by side. Under --amp off they must agree within
    --f32-tolerance (relative). Under bf16 the yardstick is bf16's own noise: PyTorch also
    trains in f32, and our distance from PyTorch's bf16 run may be at most --noise-factor

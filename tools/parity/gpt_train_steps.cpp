@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "core/cuda_context.h"
 #include "core/safetensors.h"
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
     model->train();
     const mt::Tensor batches = load_batches(batches_path, model->config().vocab_size, model->config().n_positions);
     const int64_t steps = batches.size(0), seq = batches.size(2) - 1;
-    mt::AdamW optimizer(model->trainable_parameters(),
-                        mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay));
+    const std::vector<mt::Tensor> params = model->trainable_parameters();
+    mt::AdamW optimizer(params, mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay));
     MT_CHECK(schedule == "constant" || warmup < steps, "--warmup ", warmup, " must be below the ", steps, " steps of ",
              batches_path);
     std::unique_ptr<mt::WarmupCosineLR> scheduler;
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
       }
       optimizer.zero_grad();
       loss.backward();
-      if (clip > 0) mt::clip_grad_norm_(model->trainable_parameters(), clip);
+      if (clip > 0) mt::clip_grad_norm_(params, clip);
       optimizer.step();
       if (scheduler) scheduler->step();
       std::printf("step %lld loss %.9g\n", static_cast<long long>(step), loss.item());
