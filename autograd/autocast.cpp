@@ -23,7 +23,8 @@ struct CacheEntry {
   std::weak_ptr<Storage> storage;    // the source's storage: Module::to() swaps it in place (set_data)
   uint64_t version = 0;
   Tensor cast;
-  bool kept = false;  // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
+  bool kept = false;      // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
+  bool provided = false;  // an optimizer's copy (Note [Provided copies]): outlives the region too
 };
 
 struct AutocastState {
@@ -41,14 +42,15 @@ bool still_valid(const CacheEntry& e, const Tensor& t) {
   return e.source.lock().get() == t.impl() && e.storage.lock() == t.storage() && e.version == t.version();
 }
 
-// Drops every entry but the kept copies whose tensor lives on unchanged (entering and leaving
-// the outermost region, so that a freed model's copies do not wait for the next region's end).
+// Drops every entry but the kept and provided copies whose tensor lives on unchanged (entering
+// and leaving the outermost region, so that a freed model's copies do not wait for the next
+// region's end).
 void prune_cache() {
   for (auto it = t_state.cache.begin(); it != t_state.cache.end();) {
     const CacheEntry& e = it->second;
     const std::shared_ptr<TensorImpl> source = e.source.lock();
     const std::shared_ptr<Storage> storage = e.storage.lock();
-    const bool keep = e.kept && source != nullptr && storage != nullptr && source->storage == storage &&
+    const bool keep = (e.kept || e.provided) && source != nullptr && storage != nullptr && source->storage == storage &&
                       storage->version() == e.version;
     it = keep ? std::next(it) : t_state.cache.erase(it);
   }
@@ -68,8 +70,9 @@ Tensor cast_to(const Tensor& t, DType target, bool recorded) {
   if (cacheable) {
     auto it = t_state.cache.find(key);
     // A kept copy serves only while its tensor is still frozen; a cached trainable one only
-    // while the tensor still requires grad.
-    if (it != t_state.cache.end() && still_valid(it->second, t) && it->second.kept == kept) {
+    // while the tensor still requires grad; a provided one not while a capture records casts.
+    if (it != t_state.cache.end() && still_valid(it->second, t) && it->second.kept == kept &&
+        !(it->second.provided && cuda::capturing())) {
       return it->second.cast;
     }
   }
@@ -160,6 +163,23 @@ std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs) {
 }
 
 Tensor cast_input(const char* op, const Tensor& input) { return cast_inputs(op, {input})[0]; }
+
+void provide_copy(const Tensor& source, const Tensor& copy) {
+  MT_CHECK(source.dtype() == DType::f32 && source.is_leaf() && is_half(copy.dtype()) &&
+               copy.shape() == source.shape() && copy.device() == source.device(),
+           "autocast::provide_copy: a ", dtype_name(copy.dtype()), " copy ", shape_str(copy.shape()), " on ",
+           copy.device().str(), " of a ", source.is_leaf() ? "leaf " : "non-leaf ", dtype_name(source.dtype()),
+           " tensor ", shape_str(source.shape()), " on ", source.device().str(),
+           " (wanted: an f16 or bf16 copy of an f32 leaf, of its shape and on its device)");
+  const auto key = std::make_tuple(static_cast<const TensorImpl*>(source.impl()), copy.dtype(), /*recorded=*/false);
+  t_state.cache[key] = CacheEntry{source.impl_ptr(), source.storage(), source.version(), copy, /*kept=*/false,
+                                  /*provided=*/true};
+}
+
+void withdraw_copy(const Tensor& source, DType dtype) {
+  const auto it = t_state.cache.find(std::make_tuple(static_cast<const TensorImpl*>(source.impl()), dtype, false));
+  if (it != t_state.cache.end() && it->second.provided) t_state.cache.erase(it);
+}
 
 }  // namespace autocast
 }  // namespace mt

@@ -32,6 +32,17 @@
 // memory of one low-precision copy per frozen weight, and are dropped when their
 // tensor is freed (at the next region's start or end). A CUDA Graph capture keeps
 // none: its replays cast the weights as they are at each replay.
+//
+// Note [Provided copies]
+// An optimizer that writes each f32 parameter's low-precision copy in the same pass as
+// its update (AdamWOptions::autocast_copies) hands the copy over with provide_copy();
+// operand_copies then serves it in place of a cast, from region to region, while the
+// parameter is the same tensor with the same storage and version as when it was
+// provided. So a training step casts no weight: the copy costs the update 2 bytes a
+// parameter, where a cast reads 4 and writes 2 in a launch of its own. Like the cache,
+// it serves the thread that provided it. Not while a CUDA Graph is captured (its
+// replays, which bump no version, must cast the weights as they are then); an optimizer
+// stepping inside a capture withdraws its copies (withdraw_copy).
 #pragma once
 
 #include <cstdint>
@@ -77,6 +88,12 @@ Tensor cast_input(const char* op, const Tensor& input);
 // itself: linear and its fused forms give an f32 parameter its gradient straight from the
 // GEMM in f32, with no bf16 gradient for a Cast node to widen afterwards.
 std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs);
+
+// Note [Provided copies]: `copy` (f16 or bf16, source's shape) holds the f32 leaf `source`
+// rounded to copy's dtype as source is now; operand_copies serves it until source changes.
+void provide_copy(const Tensor& source, const Tensor& copy);
+// Stops serving source's provided copy in `dtype`, if there is one.
+void withdraw_copy(const Tensor& source, DType dtype);
 
 // Number of casts autocast has made on this thread (tests count cache hits with it).
 uint64_t cast_count();

@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "core/cuda_context.h"
 #include "core/view.h"
@@ -22,6 +23,9 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
   MT_CHECK(options.beta1() >= 0 && options.beta1() < 1 && options.beta2() >= 0 && options.beta2() < 1,
            "AdamW: betas must be in [0, 1), got (", options.beta1(), ", ", options.beta2(), ")");
   MT_CHECK(options.eps() >= 0, "AdamW: eps must be >= 0, got ", options.eps());
+  MT_CHECK_T(DTypeError, !options.autocast_copies() || is_half(*options.autocast_copies()),
+             "AdamW: autocast_copies must be f16 or bf16 (an autocast region's dtype), got ",
+             dtype_name(options.autocast_copies().value_or(DType::f32)));
   for (const ParamGroup& g : groups_) {
     std::vector<State> states;
     for (const Tensor& p : g.params) {
@@ -77,8 +81,9 @@ void AdamW::step_unless(const Tensor& found_inf) {
       MT_CHECK(g.shape() == p.shape() && g.device() == p.device(), "AdamW: gradient ", shape_str(g.shape()), " on ",
                g.device().str(), " does not match its parameter ", shape_str(p.shape()), " on ", p.device().str());
       g = raw::contiguous(g.dtype() == p.dtype() ? g : raw::to(g, p.dtype()));
-      const State& s = state_[gi][pi];
-      const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master};
+      State& s = state_[gi][pi];
+      const Tensor copy = autocast_copy_for(p, s);
+      const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master, copy};
       if (p.is_cuda()) {
         cuda_lists[p.device().index].push_back(tensors);
       } else {
@@ -86,6 +91,16 @@ void AdamW::step_unless(const Tensor& found_inf) {
         optim_kernels::adamw_cpu(tensors, args, found_inf);
       }
       p.bump_version();
+      if (copy.defined()) {
+        // A graph that saved the old copy for its backward must not run on the new one: the
+        // version moves (copy_ moves it itself).
+        if (p.is_cuda()) {
+          copy.bump_version();  // the kernel writes it as it updates p
+        } else {
+          copy.copy_(p);
+        }
+        autocast::provide_copy(p, copy);
+      }
     }
     for (const auto& [device, list] : cuda_lists) {
       MT_CHECK_T(DeviceError, !found_inf.defined() || found_inf.device() == list.front().param.device(),
@@ -97,6 +112,17 @@ void AdamW::step_unless(const Tensor& found_inf) {
       optim_kernels::adamw_cuda(list, device_args, found_inf);
     }
   }
+}
+
+Tensor AdamW::autocast_copy_for(const Tensor& p, State& s) {
+  const std::optional<DType>& dtype = options_.autocast_copies();
+  if (!dtype || p.dtype() != DType::f32) return Tensor();
+  if (cuda::capturing()) {  // Note [Provided copies]: a replay bumps no version
+    autocast::withdraw_copy(p, *dtype);
+    return Tensor();
+  }
+  if (!s.autocast_copy.defined()) s.autocast_copy = empty(p.shape(), TensorOptions().dtype(*dtype).device(p.device()));
+  return s.autocast_copy;
 }
 
 const Tensor& AdamW::rates_on(int device) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -47,12 +48,22 @@ class AdamWOptions {
     return *this;
   }
   bool master_weights() const { return master_weights_; }
+  // Writes each f32 parameter rounded to `dtype` (f16 or bf16: the autocast region's) in the
+  // same pass as its update, and hands the copy to autocast, which the next forward's GEMMs then
+  // take instead of casting the weight (Note [Provided copies] in autograd/autocast.h). Costs
+  // one such copy of every f32 parameter, kept between steps; the values are those of the casts.
+  AdamWOptions& autocast_copies(DType dtype) {
+    autocast_copies_ = dtype;
+    return *this;
+  }
+  const std::optional<DType>& autocast_copies() const { return autocast_copies_; }
 
  private:
   double lr_;
   double beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 1e-2;
   bool decoupled_ = true;
   bool master_weights_ = false;
+  std::optional<DType> autocast_copies_;
 };
 
 class AdamW : public Optimizer {
@@ -72,6 +83,7 @@ class AdamW : public Optimizer {
     Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
     Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
     Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
+    Tensor autocast_copy;        // AdamWOptions::autocast_copies: made at the first step; not saved
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
   std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
@@ -82,6 +94,9 @@ class AdamW : public Optimizer {
   // refreshed before each step's kernels (not while a CUDA Graph captures: a replay must
   // read the rate of its moment, which prepare_replay() writes).
   const Tensor& rates_on(int device);
+  // The copy of p that this step writes for autocast (AdamWOptions::autocast_copies), made
+  // at its first step; undefined when p takes none, or inside a CUDA Graph capture.
+  Tensor autocast_copy_for(const Tensor& p, State& s);
   void upload_rates(const Tensor& rates) const;
 
   AdamWOptions options_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -66,11 +67,16 @@ __device__ __forceinline__ bool vec_aligned(const E* p) {
   return reinterpret_cast<uintptr_t>(p) % sizeof(cuda::Pack<E, kVec>) == 0;
 }
 
-// Lists: param (T), grad (T), exp_avg (A), exp_avg_sq (A), step (i64, one element),
-// and with kMaster the f32 master copy (A).
-template <typename T, bool kMaster>
+// Lists: param (T), grad (T), exp_avg (A), exp_avg_sq (A), step (i64, one element), and with
+// kMaster the f32 master copy (A), or with a copy type C (not void) the parameter's copy in C
+// that autocast is given (AdamWOptions::autocast_copies; f32 parameters only, never beside a
+// master).
+template <typename T, bool kMaster, typename C = void>
 struct AdamWOp {
-  static constexpr int kDepth = kMaster ? 6 : 5;
+  static constexpr bool kCopy = !std::is_void_v<C>;
+  static_assert(!(kMaster && kCopy), "a master copy's parameter is already narrow");
+  using CopyT = std::conditional_t<kCopy, C, T>;  // an unused stand-in without a copy
+  static constexpr int kDepth = 5 + (kMaster ? 1 : 0) + (kCopy ? 1 : 0);
   // Elements per thread and access: every load of a thread's kVec elements of all lists is in
   // flight at once, and a block moves 4x the bytes per round trip of one element at a time
   // (which left AdamW at 60% of copy bandwidth).
@@ -80,8 +86,8 @@ struct AdamWOp {
 
   // Elements [i, i + n) in one go, n <= kVec; vectorised: whole-pack accesses (n == kVec).
   template <bool kVectorised>
-  __device__ __forceinline__ void update(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master, int64_t i,
-                                         int n, const AdamWCoefficients& c) const {
+  __device__ __forceinline__ void update(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master,
+                                         CopyT* copy, int64_t i, int n, const AdamWCoefficients& c) const {
     using A = acc_t<T>;
     cuda::Pack<T, kVec> p_low{}, g{};  // zeros past n: harmless values for the unrolled update
     cuda::Pack<A, kVec> mv{}, vv{}, p{};
@@ -109,21 +115,33 @@ struct AdamWOp {
       *reinterpret_cast<cuda::Pack<A, kVec>*>(v + i) = vv;
       if constexpr (kMaster) *reinterpret_cast<cuda::Pack<A, kVec>*>(master + i) = p;
       *reinterpret_cast<cuda::Pack<T, kVec>*>(param + i) = p_low;
+      if constexpr (kCopy) cuda::store_pack_from<kVec>(copy + i, p_low.v);  // as a cast of the stored value
     } else {
       for (int k = 0; k < n; ++k) {
         m[i + k] = mv.v[k], v[i + k] = vv.v[k], param[i + k] = p_low.v[k];
         if constexpr (kMaster) master[i + k] = p.v[k];
+        if constexpr (kCopy) copy[i + k] = convert<C>(p_low.v[k]);
       }
     }
   }
 
+  // A skipped step leaves the parameter as it is, and its copy must still be its cast: the
+  // first step's copy is new.
+  __device__ __forceinline__ void copy_unchanged(const T* param, CopyT* copy, int64_t begin, int64_t end) const {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) copy[i] = convert<CopyT>(param[i]);
+  }
+
   __device__ void operator()(const MultiTensorBlock<kDepth>& block) const {
     using A = acc_t<T>;
-    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    T* param = static_cast<T*>(block.ptr[0]);
+    CopyT* copy = kCopy ? static_cast<CopyT*>(block.ptr[kDepth - 1]) : nullptr;
+    if (found_inf != nullptr && *found_inf != 0.0f) {
+      if constexpr (kCopy) copy_unchanged(param, copy, block.begin, block.end);
+      return;
+    }
     AdamWArgs now = args;
     if (now.lr_on_device != nullptr) now.lr = *now.lr_on_device;
     const AdamWCoefficients c = AdamWCoefficients::from(now, *static_cast<const int64_t*>(block.ptr[4]));
-    T* param = static_cast<T*>(block.ptr[0]);
     const T* grad = static_cast<const T*>(block.ptr[1]);
     A* m = static_cast<A*>(block.ptr[2]);
     A* v = static_cast<A*>(block.ptr[3]);
@@ -132,18 +150,20 @@ struct AdamWOp {
     // accesses need only the tensors themselves aligned, as the allocator's are; views at an
     // odd offset take the element loop.
     const bool aligned = vec_aligned<kVec>(param) && vec_aligned<kVec>(grad) && vec_aligned<kVec>(m) &&
-                         vec_aligned<kVec>(v) && (!kMaster || vec_aligned<kVec>(master)) && block.begin % kVec == 0;
+                         vec_aligned<kVec>(v) && (!kMaster || vec_aligned<kVec>(master)) &&
+                         (!kCopy || vec_aligned<kVec>(copy)) && block.begin % kVec == 0;
     int64_t i = block.begin + static_cast<int64_t>(threadIdx.x) * kVec;
     if (aligned) {
       for (; i + kVec <= block.end; i += static_cast<int64_t>(blockDim.x) * kVec) {
-        update<true>(param, grad, m, v, master, i, kVec, c);
+        update<true>(param, grad, m, v, master, copy, i, kVec, c);
       }
     }
     // The rest: the tail of the last chunk (fewer than blockDim.x * kVec elements), or the
     // whole chunk when unaligned; each thread takes up to kVec consecutive elements per step.
     if (!aligned) i = block.begin + static_cast<int64_t>(threadIdx.x) * kVec;
     for (; i < block.end; i += static_cast<int64_t>(blockDim.x) * kVec) {
-      update<false>(param, grad, m, v, master, i, static_cast<int>(block.end - i < kVec ? block.end - i : kVec), c);
+      update<false>(param, grad, m, v, master, copy, i, static_cast<int>(block.end - i < kVec ? block.end - i : kVec),
+                    c);
     }
   }
 };
@@ -227,7 +247,7 @@ void adamw_cuda(const std::vector<AdamWTensors>& list, const AdamWArgs& args, co
       std::vector<std::array<Tensor, 5>> plain;
       std::vector<std::array<Tensor, 6>> mastered;
       for (const AdamWTensors& t : list) {
-        if (t.param.dtype() != dtype || t.master.defined() != with_master) continue;
+        if (t.param.dtype() != dtype || t.master.defined() != with_master || t.copy.defined()) continue;
         if (with_master) {
           mastered.push_back({t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.step, t.master});
         } else {
@@ -243,6 +263,24 @@ void adamw_cuda(const std::vector<AdamWTensors>& list, const AdamWArgs& args, co
           multi_tensor_apply<5>(plain, AdamWOp<T, false>{args, flag}, stream.handle(), elementwise_config(plain));
         }
       });
+    }
+  }
+  // f32 parameters with a copy for autocast, one apply per copy dtype.
+  for (const DType copy_dtype : {DType::bf16, DType::f16}) {
+    std::vector<std::array<Tensor, 6>> copied;
+    for (const AdamWTensors& t : list) {
+      if (!t.copy.defined() || t.copy.dtype() != copy_dtype) continue;
+      MT_INTERNAL_ASSERT(t.param.dtype() == DType::f32 && !t.master.defined(), "adamw: a copy of a ",
+                         dtype_name(t.param.dtype()), " parameter");
+      copied.push_back({t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.step, t.copy});
+    }
+    if (copied.empty()) continue;
+    if (copy_dtype == DType::bf16) {
+      multi_tensor_apply<6>(copied, AdamWOp<float, false, BFloat16>{args, flag}, stream.handle(),
+                            elementwise_config(copied));
+    } else {
+      multi_tensor_apply<6>(copied, AdamWOp<float, false, Half>{args, flag}, stream.handle(),
+                            elementwise_config(copied));
     }
   }
 }

@@ -34,9 +34,11 @@ void advance_step_cpu(const Tensor& step, const Tensor& found_inf);
 // One AdamW step on one parameter (f32/f16/bf16/f64) with f32 (f64 for f64) moments,
 // bias-corrected with the count in `step`. With a master copy (f32, may be
 // undefined) the update happens on the master and the parameter receives it
-// rounded once. Skipped entirely when found_inf (may be undefined) is non-zero.
+// rounded once. Skipped entirely when found_inf (may be undefined) is non-zero. With a copy
+// (f16/bf16 beside an f32 parameter, may be undefined; CUDA only) the kernel also writes the
+// parameter rounded to the copy's dtype, a skipped step included.
 struct AdamWTensors {
-  Tensor param, grad, exp_avg, exp_avg_sq, step, master;
+  Tensor param, grad, exp_avg, exp_avg_sq, step, master, copy;
 };
 void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found_inf);
 // On CUDA the whole list is updated by multi-tensor launches (one per dtype

@@ -216,7 +216,9 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   const mt::nn::GPTCheckpointing checkpointing = mt::nn::GPTCheckpointing::parse(flags.checkpoint);
   model.set_checkpointing(checkpointing);
 
-  mt::AdamW optimizer(params, mt::AdamWOptions(flags.lr).weight_decay(flags.weight_decay));
+  mt::AdamWOptions adamw = mt::AdamWOptions(flags.lr).weight_decay(flags.weight_decay);
+  if (placement.amp) adamw.autocast_copies(*placement.amp);  // the step writes the forward's low-precision weights
+  mt::AdamW optimizer(params, adamw);
   mt::WarmupCosineLR schedule(optimizer, std::min(flags.warmup, flags.steps), flags.steps, flags.min_lr_ratio);
   // f16 has 5 exponent bits and needs loss scaling; bf16 has f32's range and needs none.
   const bool fp16 = placement.amp == mt::DType::f16;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "core/cuda_context.h"
 #include "core/random.h"
 #include "ops/ops.h"
@@ -22,7 +23,7 @@ struct TinyTraining {
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<GradScaler> scaler;
 
-  TinyTraining(Device device, uint64_t seed) {
+  TinyTraining(Device device, uint64_t seed, bool autocast_copies = false) {
     Generator gen(seed);
     const TensorOptions on = TensorOptions().device(device);
     w1 = (randn({32, 16}, on, &gen) * 0.2).detach().requires_grad_();
@@ -32,7 +33,9 @@ struct TinyTraining {
     x = zeros({64, 16}, on);
     target = zeros({64, 8}, on);
     loss_out = zeros({1}, on);
-    opt = std::make_unique<AdamW>(std::vector<Tensor>{w1, b1, w2, b2}, AdamWOptions(1e-2));
+    AdamWOptions options(1e-2);
+    if (autocast_copies) options.autocast_copies(DType::f16);
+    opt = std::make_unique<AdamW>(std::vector<Tensor>{w1, b1, w2, b2}, options);
     scaler = std::make_unique<GradScaler>(device);
   }
 
@@ -97,6 +100,44 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
   EXPECT_GT(step.graph_nodes(), 10u);
   EXPECT_EQ(graphed_losses, eager_losses);
   EXPECT_EQ(flat(graphed), flat(eager));
+}
+
+// With AdamWOptions::autocast_copies the eager steps take the optimizer's f16 copies of the
+// weights and the captured step casts them (a replay bumps no version, so no copy could be
+// known to be current); every loss and parameter still equals the casting run's, and after the
+// replays an eager step casts the weights again rather than take a copy from before them.
+TEST(CudaGraphStep, ReplaysWithAutocastCopiesGiveTheCastingStepsBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining cast(cuda_device(0), 7), graphed(cuda_device(0), 7, /*autocast_copies=*/true);
+  CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
+  std::vector<double> cast_losses, graphed_losses;
+  for (int i = 0; i < 6; ++i) {
+    cast.load_batch(i);
+    cast.step();
+    cast_losses.push_back(cast.loss_out.item());
+    graphed.load_batch(i);
+    step.run();
+    graphed_losses.push_back(graphed.loss_out.item());
+  }
+  EXPECT_TRUE(step.captured());
+  EXPECT_EQ(graphed_losses, cast_losses);
+  EXPECT_EQ(flat(graphed), flat(cast));
+  const auto eager_step_casts = [](TinyTraining& t) {
+    const uint64_t before = autocast::cast_count();
+    t.step();
+    return autocast::cast_count() - before;
+  };
+  cast.load_batch(6);
+  graphed.load_batch(6);
+  const uint64_t cast_casts = eager_step_casts(cast);
+  EXPECT_EQ(eager_step_casts(graphed), cast_casts) << "after replays, every weight is cast again";
+  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
+  cast.load_batch(7);
+  graphed.load_batch(7);
+  EXPECT_EQ(cast_casts - eager_step_casts(graphed), 4u) << "the eager step wrote copies that the next one takes";
+  eager_step_casts(cast);
+  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
+  EXPECT_EQ(flat(graphed), flat(cast));
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a

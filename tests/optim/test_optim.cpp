@@ -5,8 +5,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <utility>
 #include <vector>
 
+#include "autograd/autocast.h"
+#include "autograd/grad_mode.h"
 #include "core/view.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
@@ -207,6 +211,95 @@ TEST(AdamW, MasterWeightsTrackTheF32RunOnCuda) {
   const double f32 = train_regression(DType::f32, false, cuda_device(0));
   const double master = train_regression(DType::bf16, true, cuda_device(0));
   EXPECT_LE(std::fabs(master - f32), 0.05 * f32 + 1e-3);
+}
+
+// AdamWOptions::autocast_copies: the step writes each f32 parameter's bf16 copy and autocast
+// serves it, so that from the second step on the linear layers cast no weight. Every loss and
+// parameter equals, bit for bit, the run that casts them; an in-place change of one weight
+// makes that one be cast again, with its new values. On `device`; the CUDA copies come from
+// the fused kernel (mixed sizes: one parameter spans several chunks, one is an odd view length).
+void expect_autocast_copies_serve_the_next_forward(Device device) {
+  Generator gen(31);
+  const TensorOptions on = TensorOptions().device(device);
+  const Tensor x = randn({24, 40}, on, &gen), target = randn({24, 5}, on, &gen);
+  const std::vector<Tensor> init = {randn({300, 40}, on, &gen) * 0.1, randn({300}, on, &gen) * 0.1,
+                                    randn({5, 300}, on, &gen) * 0.1, randn({5}, on, &gen) * 0.1};
+  struct Run {
+    std::vector<Tensor> params;
+    std::unique_ptr<AdamW> opt;
+  };
+  const auto make = [&](bool copies) {
+    Run run;
+    for (const Tensor& t : init) run.params.push_back(raw::clone(t).requires_grad_());
+    AdamWOptions options(1e-2);
+    if (copies) options.autocast_copies(DType::bf16);
+    run.opt = std::make_unique<AdamW>(run.params, options);
+    return run;
+  };
+  // One step: the loss, and the casts it made.
+  const auto step = [&](Run& run) {
+    run.opt->zero_grad();
+    Tensor loss;
+    const uint64_t before = autocast::cast_count();
+    {
+      AutocastGuard amp(device.type, DType::bf16);
+      const Tensor& w1 = run.params[0];
+      const Tensor diff = sub(linear(gelu(linear(x, w1, run.params[1])), run.params[2], run.params[3]), target);
+      loss = mean(mul(diff, diff));
+    }
+    const uint64_t casts = autocast::cast_count() - before;
+    loss.backward();
+    run.opt->step();
+    return std::make_pair(loss.item(), casts);
+  };
+  Run cast = make(false), copied = make(true);
+  for (int i = 0; i < 5; ++i) {
+    if (i == 3) {  // an in-place change between steps, in both runs
+      NoGradGuard no_grad;
+      cast.params[2].copy_(cast.params[2] * 0.5);
+      copied.params[2].copy_(copied.params[2] * 0.5);
+    }
+    const auto [cast_loss, cast_casts] = step(cast);
+    const auto [copied_loss, copied_casts] = step(copied);
+    EXPECT_EQ(copied_loss, cast_loss) << "step " << i;
+    // The weights' casts saved (the input and the loss's casts are made either way).
+    EXPECT_EQ(cast_casts - copied_casts, i == 0   ? 0u
+                                         : i == 3 ? 3u
+                                                  : 4u)
+        << "step " << i << " (3: the changed weight is cast again)";
+  }
+  for (size_t k = 0; k < init.size(); ++k) {
+    EXPECT_EQ(copied.params[k].to_vector<float>(), cast.params[k].to_vector<float>()) << "parameter " << k;
+    EXPECT_EQ(copied.opt->state(0, k).autocast_copy.to_vector<float>(),
+              cast.params[k].to(DType::bf16).to_vector<float>())
+        << "parameter " << k << "'s copy is its cast";
+  }
+}
+
+TEST(AdamW, AutocastCopiesServeTheNextForwardWithoutACast) { expect_autocast_copies_serve_the_next_forward(kCPU); }
+
+TEST(AdamW, CudaAutocastCopiesServeTheNextForwardWithoutACast) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_autocast_copies_serve_the_next_forward(cuda_device(0));
+}
+
+// A step the scaler skips (found_inf set) leaves the parameters as they are, and the copies it
+// writes are still their casts: at the first step, the copies are new memory.
+TEST(AdamW, CudaASkippedStepStillWritesTheCopies) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(33);
+  const Tensor w = (randn({1000}, TensorOptions().device(cuda_device(0)), &gen)).detach().requires_grad_();
+  const std::vector<float> before = w.to_vector<float>();
+  AdamW opt({w}, AdamWOptions(1e-2).autocast_copies(DType::f16));
+  sum(mul(w, w)).backward();
+  opt.step_unless(ones({1}, TensorOptions().device(cuda_device(0))));
+  EXPECT_EQ(w.to_vector<float>(), before);
+  EXPECT_EQ(opt.state(0, 0).autocast_copy.to_vector<float>(), w.to(DType::f16).to_vector<float>());
+}
+
+TEST(AdamW, AutocastCopiesMustBeAHalfDtype) {
+  const Tensor w = zeros({3}).requires_grad_();
+  EXPECT_THROW(AdamW({w}, AdamWOptions().autocast_copies(DType::f32)), DTypeError);
 }
 
 TEST(AdamW, CudaMatchesCpuOver100Steps) {

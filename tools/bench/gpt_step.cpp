@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-autotune", gemm_autotune,
                "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
                "(mt::backends::set_matmul_autotune)");
+  bool cast_weights = false;
+  app.add_flag("--cast-weights", cast_weights,
+               "autocast casts the f32 weights at every step, instead of taking the low-precision copies AdamW "
+               "writes as it updates them (mt::AdamWOptions::autocast_copies)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -109,10 +113,11 @@ int main(int argc, char** argv) {
     }
     model.set_fused_ops(!unfused);
     model.head_chunk_rows = head_chunk_rows;
-    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s; %s\n",
+    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s%s; %s\n",
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),
                 device.str().c_str(), amp.c_str(), unfused ? ", unfused" : "",
+                amp != "off" && cast_weights ? ", weights cast at every step" : "",
                 mt::nn::trainable_parameters_summary(model).c_str());
     MT_CHECK(!(cuda_graph && group), "--cuda-graph is for one process (NCCL is not captured)");
     MT_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --device cuda");
@@ -138,7 +143,9 @@ int main(int argc, char** argv) {
     double base_ms = 0, base_gib = 0;
     for (const std::string& mode : gpt_example::split_commas(modes)) {
       model.set_checkpointing(mt::nn::GPTCheckpointing::parse(mode));
-      mt::AdamW opt(model.trainable_parameters(), mt::AdamWOptions(1e-4));
+      mt::AdamWOptions adamw(1e-4);
+      if (autocast && !cast_weights) adamw.autocast_copies(low);
+      mt::AdamW opt(model.trainable_parameters(), adamw);
       std::vector<double> times, exposed;
       double loss_value = 0;
       const mt::Tensor loss_out = mt::zeros({1}, mt::TensorOptions().device(device));
