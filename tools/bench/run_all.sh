@@ -12,6 +12,8 @@ echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing
   --profile "$profile"
 echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
+echo "-- full training with the f32 weights cast at every step (--cast-weights), not taken from AdamW's copies --"
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cast-weights
 echo "-- full training and LoRA, each step replayed from a CUDA Graph --"
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
