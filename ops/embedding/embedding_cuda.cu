@@ -12,6 +12,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
+#include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
 #include "ops/embedding/embedding_kernels.h"
@@ -31,6 +32,34 @@ __global__ void embedding_forward_kernel(T* out, const T* weight, const I* ids, 
     const int64_t n = i / C, c = i - n * C;
     const auto v = static_cast<int64_t>(ids[n]);
     out[i] = (v >= 0 && v < V) ? weight[v * C + c] : convert<T>(__int_as_float(0x7fc00000));  // NaN
+  }
+}
+
+// The same, a warp per row of packs of kPack elements (16 bytes), for rows of whole packs on
+// 16-byte boundaries: the row's id is read once, and no division per element. On an H200 the
+// element kernel took 0.15 ms for GPT-2's [16384, 768] f32 lookup, three times the bytes' floor.
+template <typename T, typename I>
+__global__ void embedding_forward_rows_kernel(T* out, const T* weight, const I* ids, int64_t N, int64_t C, int64_t V) {
+  constexpr int kPack = cuda::pack_size<T>();
+  using P = cuda::Pack<T, kPack>;
+  constexpr int kLanes = 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int64_t warps_per_block = blockDim.x / kLanes;
+  const int64_t packs = C / kPack;
+  P nan_row;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) nan_row.v[k] = convert<T>(__int_as_float(0x7fc00000));
+  for (int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kLanes; n < N;
+       n += static_cast<int64_t>(gridDim.x) * warps_per_block) {
+    const auto v = static_cast<int64_t>(ids[n]);
+    P* row = reinterpret_cast<P*>(out + n * C);
+    if (v >= 0 && v < V) {
+      const P* source = reinterpret_cast<const P*>(weight + v * C);
+#pragma unroll 4
+      for (int64_t k = lane; k < packs; k += kLanes) row[k] = source[k];
+    } else {
+      for (int64_t k = lane; k < packs; k += kLanes) row[k] = nan_row;
+    }
   }
 }
 
@@ -62,6 +91,37 @@ __global__ void embedding_backward_sorted_kernel(A* grad_weight, const T* grad_o
   }
 }
 
+// The same sums, a warp per sorted index and packs of kPack columns per lane, for rows of whole
+// packs on their boundaries: each column still adds its run's rows in position order, so the
+// results equal the element kernel's bit for bit; the division per element is gone and each
+// access moves kPack elements.
+template <typename T, typename A, typename I>
+__global__ void embedding_backward_rows_kernel(A* grad_weight, const T* grad_out, const I* sorted_ids,
+                                               const int32_t* positions, int64_t N, int64_t C, int64_t V) {
+  constexpr int kPack = 4;  // 16 bytes of the f32 sums
+  constexpr int kLanes = 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int64_t warps_per_block = blockDim.x / kLanes;
+  const int64_t packs = C / kPack;
+  for (int64_t i = blockIdx.x * warps_per_block + threadIdx.x / kLanes; i < N;
+       i += static_cast<int64_t>(gridDim.x) * warps_per_block) {
+    const I id = sorted_ids[i];
+    if (i > 0 && sorted_ids[i - 1] == id) continue;  // not the start of a run
+    const auto v = static_cast<int64_t>(id);
+    if (v < 0 || v >= V) continue;
+    for (int64_t k = lane; k < packs; k += kLanes) {
+      cuda::Pack<A, kPack> sum{};
+      for (int64_t j = i; j < N && sorted_ids[j] == id; ++j) {
+        const cuda::Pack<T, kPack> g =
+            *reinterpret_cast<const cuda::Pack<T, kPack>*>(grad_out + positions[j] * C + k * kPack);
+#pragma unroll
+        for (int e = 0; e < kPack; ++e) sum.v[e] += convert<A>(g.v[e]);
+      }
+      reinterpret_cast<cuda::Pack<A, kPack>*>(grad_weight + v * C)[k] = sum;
+    }
+  }
+}
+
 }  // namespace
 
 // ---- launchers / entry points ----
@@ -74,9 +134,19 @@ void embedding_forward_cuda(const Tensor& out, const Tensor& weight, const Tenso
     using I = typename decltype(id_tag)::type;
     dispatch_floating(out.dtype(), "embedding", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      embedding_forward_kernel<T, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
-          static_cast<T*>(out.data_ptr()), static_cast<const T*>(weight.data_ptr()),
-          static_cast<const I*>(ids.data_ptr()), N, C, V);
+      auto* out_data = static_cast<T*>(out.data_ptr());
+      const auto* weight_data = static_cast<const T*>(weight.data_ptr());
+      const auto* id_data = static_cast<const I*>(ids.data_ptr());
+      constexpr int kPack = cuda::pack_size<T>();
+      if (C % kPack == 0 && cuda::aligned_to(out_data, 16) && cuda::aligned_to(weight_data, 16)) {
+        constexpr int64_t kRowsPerBlock = cuda::kBlockSize / 32;
+        embedding_forward_rows_kernel<T, I>
+            <<<cuda::grid_for((N + kRowsPerBlock - 1) / kRowsPerBlock, 1), cuda::kBlockSize, 0, stream.handle()>>>(
+                out_data, weight_data, id_data, N, C, V);
+      } else {
+        embedding_forward_kernel<T, I>
+            <<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(out_data, weight_data, id_data, N, C, V);
+      }
       MT_CUDA_CHECK_LAUNCH();
     });
   });
@@ -113,9 +183,18 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
       const Tensor scratch = empty({static_cast<int64_t>(scratch_bytes) + 1}, on_device.dtype(DType::u8));
       MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), scratch_bytes, keys_in, keys_out, values_in,
                                                     values_out, static_cast<int>(N), 0, end_bit, stream.handle()));
-      embedding_backward_sorted_kernel<T, A, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
-          static_cast<A*>(grad_weight.data_ptr()), static_cast<const T*>(grad_out.data_ptr()), keys_out, values_out, N,
-          C, V);
+      auto* grad_weight_data = static_cast<A*>(grad_weight.data_ptr());
+      const auto* grad_out_data = static_cast<const T*>(grad_out.data_ptr());
+      if (C % 4 == 0 && cuda::aligned_to(grad_weight_data, 4 * sizeof(A)) &&
+          cuda::aligned_to(grad_out_data, 4 * sizeof(T))) {
+        constexpr int64_t kRowsPerBlock = cuda::kBlockSize / 32;
+        embedding_backward_rows_kernel<T, A, I>
+            <<<cuda::grid_for((N + kRowsPerBlock - 1) / kRowsPerBlock, 1), cuda::kBlockSize, 0, stream.handle()>>>(
+                grad_weight_data, grad_out_data, keys_out, values_out, N, C, V);
+      } else {
+        embedding_backward_sorted_kernel<T, A, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
+            grad_weight_data, grad_out_data, keys_out, values_out, N, C, V);
+      }
       MT_CUDA_CHECK_LAUNCH();
     });
   });

@@ -176,6 +176,38 @@ TEST(Embedding, CudaScatterAddMatchesCpuUnderContention) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
 }
 
+// Rows of whole 16-byte packs (64 columns: a warp per row) and rows that are not (66 columns of
+// bf16, 65 of f32: a thread per element), with repeated ids and one out of range: the CUDA
+// forward gathers the CPU's rows bit for bit (NaN for the bad id), and the f32 weight
+// gradient, whose runs the CPU also sums in position order, equals the CPU's bit for bit.
+TEST(Embedding, CudaPackedAndElementRowsMatchTheCpuBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(5);
+  const int64_t V = 50, N = 700;
+  std::vector<double> id_values(N);
+  for (int64_t n = 0; n < N; ++n) id_values[static_cast<size_t>(n)] = static_cast<double>((n * n + 3 * n) % V);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t C : {64, dtype == DType::f32 ? 65 : 66}) {
+      const Tensor w = randn({V, C}, dtype, &gen);
+      const Tensor dy = randn({N, C}, dtype, &gen);
+      Tensor w_cpu = w.clone().requires_grad_(), w_gpu = w.to(gpu()).requires_grad_();
+      const Tensor ids = from_vector(id_values, {N}, DType::i64);
+      const Tensor out_cpu = embedding(w_cpu, ids), out_gpu = embedding(w_gpu, ids.to(gpu()));
+      const std::string what = std::string(dtype_name(dtype)) + " C=" + std::to_string(C);
+      EXPECT_EQ(out_gpu.to_vector<float>(), out_cpu.to_vector<float>()) << what;
+      out_cpu.backward(dy);
+      out_gpu.backward(dy.to(gpu()));
+      if (dtype == DType::f32) EXPECT_EQ(w_gpu.grad().to_vector<float>(), w_cpu.grad().to_vector<float>()) << what;
+      const std::vector<double> got = w_gpu.grad().to_vector<double>(), want = w_cpu.grad().to_vector<double>();
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-2 * (1 + std::fabs(want[i]))) << what;
+      const Tensor bad = from_vector({1, static_cast<double>(V)}, {2}, DType::i64).to(gpu());
+      const std::vector<float> rows = embedding(w.to(gpu()), bad).to_vector<float>();
+      EXPECT_EQ(std::vector<float>(rows.begin(), rows.begin() + C), w.narrow(0, 1, 1).to_vector<float>()) << what;
+      EXPECT_TRUE(std::all_of(rows.begin() + C, rows.end(), [](float v) { return std::isnan(v); })) << what;
+    }
+  }
+}
+
 TEST(Embedding, CudaOutOfRangeIdGivesNanRowWithoutFaulting) {
   MT_SKIP_WITHOUT_CUDA();
   const Tensor w = ones({3, 2}, gpu());
