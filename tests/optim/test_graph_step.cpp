@@ -3,6 +3,7 @@
 // random numbers) is an error naming the fix. CUDA cases skip without a GPU; the CPU case
 // checks that the step simply runs there.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -83,12 +84,12 @@ std::string capture_error(const std::function<void()>& step, int warmup = 1) {
   return "";
 }
 
-TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
-  MT_SKIP_WITHOUT_CUDA();
-  TinyTraining eager(cuda_device(0), 7), graphed(cuda_device(0), 7);
-  CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
+// `steps` steps of `eager` run eagerly beside `graphed` run by `step` on the same batches: their
+// losses, each side's in order.
+std::pair<std::vector<double>, std::vector<double>> side_by_side(TinyTraining& eager, TinyTraining& graphed,
+                                                                 CudaGraphStep& step, int steps) {
   std::vector<double> eager_losses, graphed_losses;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < steps; ++i) {
     eager.load_batch(i);
     eager.step();
     eager_losses.push_back(eager.loss_out.item());
@@ -96,6 +97,14 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
     step.run();
     graphed_losses.push_back(graphed.loss_out.item());
   }
+  return {eager_losses, graphed_losses};
+}
+
+TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining eager(cuda_device(0), 7), graphed(cuda_device(0), 7);
+  CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
+  const auto [eager_losses, graphed_losses] = side_by_side(eager, graphed, step, 8);
   EXPECT_TRUE(step.captured());
   EXPECT_GT(step.graph_nodes(), 10u);
   EXPECT_EQ(graphed_losses, eager_losses);
@@ -110,15 +119,7 @@ TEST(CudaGraphStep, ReplaysWithAutocastCopiesGiveTheCastingStepsBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   TinyTraining cast(cuda_device(0), 7), graphed(cuda_device(0), 7, /*autocast_copies=*/true);
   CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
-  std::vector<double> cast_losses, graphed_losses;
-  for (int i = 0; i < 6; ++i) {
-    cast.load_batch(i);
-    cast.step();
-    cast_losses.push_back(cast.loss_out.item());
-    graphed.load_batch(i);
-    step.run();
-    graphed_losses.push_back(graphed.loss_out.item());
-  }
+  const auto [cast_losses, graphed_losses] = side_by_side(cast, graphed, step, 6);
   EXPECT_TRUE(step.captured());
   EXPECT_EQ(graphed_losses, cast_losses);
   EXPECT_EQ(flat(graphed), flat(cast));
