@@ -17,6 +17,10 @@
 //                  W [vocab, width], forward + backward (the fused op; PyTorch's twin forms the logits)
 //   adamw          one AdamW step over GPT-2's parameter set (--layers blocks; --adamw-dtype, f32 by
 //                  default as mixed-precision training keeps its parameters)
+// and, only when --ops names it, a reference for the norm's line:
+//   norm_bytes     layer_norm's rows moved by plain element-wise kernels in the same two steps:
+//                  y = x * 1 (reads x, writes y), then dx = dy + x (reads dy and x, writes dx);
+//                  what streaming those bytes alone takes at this size, launches and ramps included
 //
 // Floors. First the device's GEMM rate (a --rate-size cube matmul in --dtype) and its copy bandwidth
 // (a --copy-mib device-to-device copy, read + write bytes) are measured; then each op's floor is
@@ -53,6 +57,7 @@ namespace {
 
 const std::vector<std::string> kOps = {"gemm",      "gemm_bias",      "layer_norm",    "add_layer_norm",
                                        "attention", "attention_bthd", "cross_entropy", "adamw"};
+const std::vector<std::string> kReferenceOps = {"norm_bytes"};  // run only when named
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
@@ -244,6 +249,30 @@ Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes
   return m;
 }
 
+// layer_norm's row bytes (x twice, y, dy, dx) moved by two element-wise kernels, as layer_norm's
+// forward and backward move them; the parameters and statistics (a few KB) are left out.
+Measurement bench_norm_bytes(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(3);
+  std::vector<mt::Tensor> x, dy;  // per input set: [R, C] each
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+    dy.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+  }
+  Measurement m;
+  m.op = "norm_bytes";
+  m.shape = mt::shape_str(x[0].shape()) + " y = x * 1; dx = dy + x";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        mt::mul(x[k], 1.0);
+        mt::add(dy[k], x[k]);
+      },
+      &m);
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
+  m.bytes = static_cast<double>(mt::element_size(dtype)) * 5 * R * C;
+  return m;
+}
+
 Measurement bench_add_layer_norm(const Timing& timing, mt::DType dtype, const Shapes& s) {
   mt::Generator generator(5);
   const mt::DType f32 = mt::DType::f32;
@@ -411,9 +440,11 @@ CLI::Validator known_ops() {
         const std::vector<std::string> ops = gpt_example::split_commas(input);
         if (ops.empty()) return std::string("expected a comma list of ops, got '") + input + "'";
         for (const std::string& op : ops) {
-          if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) {
+          if (std::find(kOps.begin(), kOps.end(), op) == kOps.end() &&
+              std::find(kReferenceOps.begin(), kReferenceOps.end(), op) == kReferenceOps.end()) {
             std::string known;
             for (const std::string& k : kOps) known += (known.empty() ? "" : ", ") + k;
+            for (const std::string& k : kReferenceOps) known += ", " + k;
             return "unknown op '" + op + "' (known: " + known + ")";
           }
         }
@@ -522,6 +553,8 @@ int main(int argc, char** argv) {
         m = bench_layer_norm(timing, dtype, s);
       } else if (op == "add_layer_norm") {
         m = bench_add_layer_norm(timing, dtype, s);
+      } else if (op == "norm_bytes") {
+        m = bench_norm_bytes(timing, dtype, s);
       } else if (op == "attention" || op == "attention_bthd") {
         m = bench_attention(timing, dtype, s, /*bthd=*/op == "attention_bthd");
       } else if (op == "cross_entropy") {
