@@ -100,13 +100,16 @@ int main(int argc, char** argv) {
     const mt::Tensor batches = load_batches(batches_path, model->config().vocab_size, model->config().n_positions);
     const int64_t steps = batches.size(0), seq = batches.size(2) - 1;
     const std::vector<mt::Tensor> params = model->trainable_parameters();
-    mt::AdamW optimizer(params, mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay));
+    const bool autocast = amp != "off";
+    const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
+    // As the GPT examples train: under autocast AdamW writes the weights' low-precision copies.
+    mt::AdamWOptions adamw = mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay);
+    if (autocast) adamw.autocast_copies(low);
+    mt::AdamW optimizer(params, adamw);
     MT_CHECK(schedule == "constant" || warmup < steps, "--warmup ", warmup, " must be below the ", steps, " steps of ",
              batches_path);
     std::unique_ptr<mt::WarmupCosineLR> scheduler;
     if (schedule == "warmup-cosine") scheduler = std::make_unique<mt::WarmupCosineLR>(optimizer, warmup, steps);
-    const bool autocast = amp != "off";
-    const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
     std::printf("gpt_train_steps: %lld steps of B=%lld T=%lld on %s, amp %s, lr %g (%s, warm-up %lld), clip %g\n",
                 static_cast<long long>(steps), static_cast<long long>(batches.size(1)), static_cast<long long>(seq),
                 device.str().c_str(), amp.c_str(), lr, schedule.c_str(), static_cast<long long>(warmup), clip);
