@@ -82,6 +82,7 @@ void DistributedDataParallel::check_and_broadcast(nn::Module& module) {
   auto broadcast = [&](const Tensor& t) {
     if (t.is_contiguous()) {
       group_.broadcast_(t, 0);
+      t.bump_version();  // written in place by the collective: autocast's copies of t are stale
     } else {
       const Tensor copy = t.contiguous();
       group_.broadcast_(copy, 0);

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <utility>
 
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
@@ -34,7 +35,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
       const bool narrow = is_half(p.dtype());
       Tensor master = options.master_weights() && narrow ? raw::to(p, DType::f32) : Tensor();
       states.push_back(State{zeros(p.shape(), opts), zeros(p.shape(), opts),
-                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device())), master});
+                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device())), master,
+                             /*autocast_copy=*/Tensor()});
     }
     state_.push_back(std::move(states));
   }
@@ -74,6 +76,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
     args.weight_decay = group.weight_decay;
     args.decoupled = options_.decoupled();
     std::map<int, std::vector<optim_kernels::AdamWTensors>> cuda_lists;  // device -> one fused update
+    std::vector<std::pair<Tensor, Tensor>> copies;  // (parameter, its autocast copy), handed over once written
     for (size_t pi = 0; pi < group.params.size(); ++pi) {
       const Tensor& p = group.params[pi];
       Tensor g = p.grad();
@@ -95,11 +98,11 @@ void AdamW::step_unless(const Tensor& found_inf) {
         // A graph that saved the old copy for its backward must not run on the new one: the
         // version moves (copy_ moves it itself).
         if (p.is_cuda()) {
-          copy.bump_version();  // the kernel writes it as it updates p
+          copy.bump_version();  // the kernel below writes it as it updates p
         } else {
           copy.copy_(p);
         }
-        autocast::provide_copy(p, copy);
+        copies.emplace_back(p, copy);
       }
     }
     for (const auto& [device, list] : cuda_lists) {
@@ -111,6 +114,9 @@ void AdamW::step_unless(const Tensor& found_inf) {
       device_args.lr_on_device = static_cast<const double*>(rates.data_ptr()) + gi;
       optim_kernels::adamw_cuda(list, device_args, found_inf);
     }
+    // Only now, with every update launched: a step that threw before its kernels must not leave
+    // autocast a copy that was never written (a first step's copy is new memory).
+    for (const auto& [p, copy] : copies) autocast::provide_copy(p, copy);
   }
 }
 
@@ -147,6 +153,14 @@ void AdamW::upload_rates(const Tensor& rates) const {
 
 bool AdamW::prepare_replay() {
   for (const auto& [device, rates] : rates_on_device_) upload_rates(rates);
+  // The replay rewrites the parameters without moving their versions, and its captured step
+  // writes no autocast copy (Note [Provided copies]): moved here, the versions tell autocast
+  // that a copy an eager step made before the replay is no longer the parameter's.
+  for (size_t g = 0; g < state_.size(); ++g) {
+    for (size_t i = 0; i < state_[g].size(); ++i) {
+      if (state_[g][i].autocast_copy.defined()) groups_[g].params[i].bump_version();
+    }
+  }
   return !rates_on_device_.empty();
 }
 

@@ -52,6 +52,7 @@ class AdamWOptions {
   // same pass as its update, and hands the copy to autocast, which the next forward's GEMMs then
   // take instead of casting the weight (Note [Provided copies] in autograd/autocast.h). Costs
   // one such copy of every f32 parameter, kept between steps; the values are those of the casts.
+  // Replays of a captured step go through prepare_replay() (CudaGraphStep calls it).
   AdamWOptions& autocast_copies(DType dtype) {
     autocast_copies_ = dtype;
     return *this;
@@ -76,7 +77,9 @@ class AdamW : public Optimizer {
   // Steps actually taken (skipped ones not counted); reading it waits for the device.
   int64_t steps_taken() const;
   // CUDA kernels read each group's learning rate from device memory: this writes the
-  // current rates there (a fill kernel each, no host synchronisation).
+  // current rates there (a fill kernel each, no host synchronisation). It also moves the
+  // versions of the parameters that have autocast copies: the replay rewrites them and no
+  // copy, so a copy an eager step made before it must not be served after it.
   bool prepare_replay() override;
 
   struct State {

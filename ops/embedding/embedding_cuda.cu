@@ -91,34 +91,31 @@ __global__ void embedding_backward_sorted_kernel(A* grad_weight, const T* grad_o
   }
 }
 
-// The same sums, a warp per sorted index and packs of kPack columns per lane, for rows of whole
-// packs on their boundaries: each column still adds its run's rows in position order, so the
-// results equal the element kernel's bit for bit; the division per element is gone and each
-// access moves kPack elements.
+// The same sums, a thread per (sorted index, pack of kPack columns), for rows of whole packs on
+// their boundaries: each column still adds its run's rows in position order, so the results
+// equal the element kernel's bit for bit; one division per pack instead of per element, and each
+// access moves kPack elements. A run of one id is still summed by one thread per pack, row after
+// row: a token repeated thousands of times in a batch (padding) makes that thread's loop long.
 template <typename T, typename A, typename I>
-__global__ void embedding_backward_rows_kernel(A* grad_weight, const T* grad_out, const I* sorted_ids,
-                                               const int32_t* positions, int64_t N, int64_t C, int64_t V) {
+__global__ void embedding_backward_packs_kernel(A* grad_weight, const T* grad_out, const I* sorted_ids,
+                                                const int32_t* positions, int64_t N, int64_t C, int64_t V) {
   constexpr int kPack = 4;  // 16 bytes of the f32 sums
-  constexpr int kLanes = 32;
-  const int lane = static_cast<int>(threadIdx.x) % kLanes;
-  const int64_t warps_per_block = blockDim.x / kLanes;
   const int64_t packs = C / kPack;
-  for (int64_t i = blockIdx.x * warps_per_block + threadIdx.x / kLanes; i < N;
-       i += static_cast<int64_t>(gridDim.x) * warps_per_block) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < N * packs;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = t / packs, k = t - i * packs;
     const I id = sorted_ids[i];
     if (i > 0 && sorted_ids[i - 1] == id) continue;  // not the start of a run
     const auto v = static_cast<int64_t>(id);
     if (v < 0 || v >= V) continue;
-    for (int64_t k = lane; k < packs; k += kLanes) {
-      cuda::Pack<A, kPack> sum{};
-      for (int64_t j = i; j < N && sorted_ids[j] == id; ++j) {
-        const cuda::Pack<T, kPack> g =
-            *reinterpret_cast<const cuda::Pack<T, kPack>*>(grad_out + positions[j] * C + k * kPack);
+    cuda::Pack<A, kPack> sum{};
+    for (int64_t j = i; j < N && sorted_ids[j] == id; ++j) {
+      const cuda::Pack<T, kPack> g =
+          *reinterpret_cast<const cuda::Pack<T, kPack>*>(grad_out + positions[j] * C + k * kPack);
 #pragma unroll
-        for (int e = 0; e < kPack; ++e) sum.v[e] += convert<A>(g.v[e]);
-      }
-      reinterpret_cast<cuda::Pack<A, kPack>*>(grad_weight + v * C)[k] = sum;
+      for (int e = 0; e < kPack; ++e) sum.v[e] += convert<A>(g.v[e]);
     }
+    reinterpret_cast<cuda::Pack<A, kPack>*>(grad_weight + v * C)[k] = sum;
   }
 }
 
@@ -187,10 +184,8 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
       const auto* grad_out_data = static_cast<const T*>(grad_out.data_ptr());
       if (C % 4 == 0 && cuda::aligned_to(grad_weight_data, 4 * sizeof(A)) &&
           cuda::aligned_to(grad_out_data, 4 * sizeof(T))) {
-        constexpr int64_t kRowsPerBlock = cuda::kBlockSize / 32;
-        embedding_backward_rows_kernel<T, A, I>
-            <<<cuda::grid_for((N + kRowsPerBlock - 1) / kRowsPerBlock, 1), cuda::kBlockSize, 0, stream.handle()>>>(
-                grad_weight_data, grad_out_data, keys_out, values_out, N, C, V);
+        embedding_backward_packs_kernel<T, A, I><<<cuda::grid_for(N * (C / 4)), cuda::kBlockSize, 0, stream.handle()>>>(
+            grad_weight_data, grad_out_data, keys_out, values_out, N, C, V);
       } else {
         embedding_backward_sorted_kernel<T, A, I><<<cuda::grid_for(N * C), cuda::kBlockSize, 0, stream.handle()>>>(
             grad_weight_data, grad_out_data, keys_out, values_out, N, C, V);

@@ -200,7 +200,8 @@ TEST(Elementwise, CudaF32WithHalfOperandEqualsWideningItFirst) {
 // On CUDA an operand repeated along the output's leading dims (a bias, a position table over a
 // batch) takes a kernel that reads its period once per thread, in either operand order: the
 // values equal the CPU's bit for bit, for periods of whole packs (f32, f16, bf16), a period of
-// one pack, and a period that is not whole packs (which takes the general path).
+// one pack, more repeats than the grid has rows of blocks (70000 x 8: each thread loops over
+// repeats), and a period that is not whole packs (which takes the general path).
 TEST(Elementwise, CudaRepeatedOperandMatchesTheCpuBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(37);
@@ -208,7 +209,7 @@ TEST(Elementwise, CudaRepeatedOperandMatchesTheCpuBitForBit) {
   using Fn = Tensor (*)(const Tensor&, const Tensor&);
   const std::pair<const char*, Fn> ops[] = {{"add", &add}, {"sub", &sub}, {"mul", &mul}, {"div", &div}};
   const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{9, 7, 16}, {7, 16}}, {{300, 8}, {8}}, {{5, 3, 40}, {1, 3, 40}}, {{6, 5, 3}, {5, 3}}};
+      {{9, 7, 16}, {7, 16}}, {{300, 8}, {8}}, {{70000, 8}, {8}}, {{5, 3, 40}, {1, 3, 40}}, {{6, 5, 3}, {5, 3}}};
   for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     for (const auto& [big, small] : shapes) {
       const Tensor x = uniform(big, 0.5, 2.0, dtype, &gen), p = uniform(small, 0.5, 2.0, dtype, &gen);
@@ -221,6 +222,10 @@ TEST(Elementwise, CudaRepeatedOperandMatchesTheCpuBitForBit) {
       }
     }
   }
+  // A period of more packs than the grid has threads (each thread loops over the period too).
+  const Tensor x = uniform({2, 4400000}, 0.5, 2.0, DType::f32, &gen),
+               p = uniform({4400000}, 0.5, 2.0, DType::f32, &gen);
+  EXPECT_EQ(add(x.to(cuda), p.to(cuda)).to_vector<float>(), add(x, p).to_vector<float>());
 }
 
 TEST(Elementwise, ValuesMatchTheFormulas) {

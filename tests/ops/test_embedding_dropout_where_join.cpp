@@ -176,22 +176,26 @@ TEST(Embedding, CudaScatterAddMatchesCpuUnderContention) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
 }
 
-// Rows of whole 16-byte packs (64 columns: a warp per row) and rows that are not (66 columns of
-// bf16, 65 of f32: a thread per element), with repeated ids and one out of range: the CUDA
-// forward gathers the CPU's rows bit for bit (NaN for the bad id), and the f32 weight
-// gradient, whose runs the CPU also sums in position order, equals the CPU's bit for bit.
+// Rows of whole 16-byte packs (64 columns, and 520: a lane takes several packs of a row; the
+// backward a thread per pack of 4) and rows that are not (66 columns of bf16, 65 of f32: a thread
+// per element), over more rows than the grids hold at once, with repeated ids, i64 and i32: the
+// CUDA forward gathers the CPU's rows bit for bit, and the f32 weight gradient, whose runs the
+// CPU also sums in position order, equals the CPU's bit for bit. Then an out-of-range id gives a
+// NaN row forward (the CPU refuses it; see OutOfRangeIdNamesTheIdAndV).
 TEST(Embedding, CudaPackedAndElementRowsMatchTheCpuBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(5);
-  const int64_t V = 50, N = 700;
-  std::vector<double> id_values(N);
-  for (int64_t n = 0; n < N; ++n) id_values[static_cast<size_t>(n)] = static_cast<double>((n * n + 3 * n) % V);
+  const int64_t V = 50;
   for (const DType dtype : {DType::f32, DType::bf16}) {
-    for (const int64_t C : {64, dtype == DType::f32 ? 65 : 66}) {
+    for (const int64_t C : {int64_t{64}, int64_t{520}, dtype == DType::f32 ? int64_t{65} : int64_t{66}}) {
+      const int64_t N = C == 64 ? 40000 : 700;  // 40000 rows: 5000 blocks of 8 rows, more than the grid's 4224
+      std::vector<double> id_values(static_cast<size_t>(N));
+      for (int64_t n = 0; n < N; ++n) id_values[static_cast<size_t>(n)] = static_cast<double>((n * n + 3 * n) % V);
+      const DType id_dtype = C == 520 ? DType::i32 : DType::i64;
       const Tensor w = randn({V, C}, dtype, &gen);
       const Tensor dy = randn({N, C}, dtype, &gen);
       Tensor w_cpu = w.clone().requires_grad_(), w_gpu = w.to(gpu()).requires_grad_();
-      const Tensor ids = from_vector(id_values, {N}, DType::i64);
+      const Tensor ids = from_vector(id_values, {N}, id_dtype);
       const Tensor out_cpu = embedding(w_cpu, ids), out_gpu = embedding(w_gpu, ids.to(gpu()));
       const std::string what = std::string(dtype_name(dtype)) + " C=" + std::to_string(C);
       EXPECT_EQ(out_gpu.to_vector<float>(), out_cpu.to_vector<float>()) << what;

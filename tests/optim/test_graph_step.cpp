@@ -139,6 +139,18 @@ TEST(CudaGraphStep, ReplaysWithAutocastCopiesGiveTheCastingStepsBitForBit) {
   eager_step_casts(cast);
   EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
   EXPECT_EQ(flat(graphed), flat(cast));
+  // A replay after those eager steps rewrites the weights but not the copies (the captured step
+  // writes none): the next eager step must cast them again, not take the copies from before it.
+  cast.load_batch(8);
+  graphed.load_batch(8);
+  cast.step();
+  step.run();
+  cast.load_batch(9);
+  graphed.load_batch(9);
+  EXPECT_EQ(eager_step_casts(graphed), cast_casts) << "after a replay, every weight is cast again";
+  eager_step_casts(cast);
+  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
+  EXPECT_EQ(flat(graphed), flat(cast));
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a
