@@ -366,6 +366,30 @@ TEST(MaskedFill, MaskMustBroadcastToTheInput) {
   EXPECT_THROW(masked_fill(ones({3}), ones({3}, DType::f32), 0.0), DTypeError);
 }
 
+// Transposed and broadcast operands over more elements than one CPU task takes (the loop
+// splits across threads): every element is the selected operand's, by index.
+TEST(Where, StridedAndBroadcastOperandsSelectElementByElement) {
+  Generator gen(9);
+  const int64_t n0 = 33, n1 = 40, n2 = 70;
+  const Tensor a_t = randn({n2, n0}, DType::f32, &gen);  // a = a_t^T, seen as [n0, 1, n2]
+  const Tensor a = a_t.transpose(0, 1).unsqueeze(1);
+  const Tensor b = randn({1, n1, n2}, DType::f32, &gen);
+  std::vector<double> cv(static_cast<size_t>(n1 * n2));
+  for (size_t i = 0; i < cv.size(); ++i) cv[i] = (i * 7) % 3 == 0;
+  const Tensor c = from_vector(cv, {n1, n2}, DType::u8);
+  const std::vector<double> out = where(c, a, b).to_vector<double>();
+  const std::vector<double> av = a_t.to_vector<double>(), bv = b.to_vector<double>();
+  ASSERT_EQ(out.size(), static_cast<size_t>(n0 * n1 * n2));
+  for (int64_t i = 0; i < n0; ++i) {
+    for (int64_t j = 0; j < n1; ++j) {
+      for (int64_t k = 0; k < n2; ++k) {
+        const double want = cv[j * n2 + k] != 0 ? av[k * n0 + i] : bv[j * n2 + k];
+        ASSERT_EQ(out[(i * n1 + j) * n2 + k], want) << i << ", " << j << ", " << k;
+      }
+    }
+  }
+}
+
 TEST(Where, CudaMatchesCpuForLargeBroadcast) {
   MT_SKIP_WITHOUT_CUDA();
   Generator gen(8);
