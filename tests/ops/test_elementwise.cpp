@@ -247,6 +247,74 @@ TEST(Reduction, SumMeanMaxVarValues) {
   EXPECT_EQ(sum(x, {0}, true).shape(), (Shape{1, 3}));
 }
 
+// The CPU reduction of `values` (row-major over `shape`, f32) over `dims` as a plain loop: each
+// output combines its elements one after another in index order, in f32.
+std::vector<double> reduce_in_index_order(const std::vector<double>& values, const Shape& shape,
+                                          const std::vector<int64_t>& dims, bool is_max) {
+  std::vector<bool> reduced(shape.size(), false);
+  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  std::vector<size_t> kept_axes, reduced_axes;
+  for (size_t d = 0; d < shape.size(); ++d) (reduced[d] ? reduced_axes : kept_axes).push_back(d);
+  auto count = [&](const std::vector<size_t>& axes) {
+    int64_t n = 1;
+    for (size_t d : axes) n *= shape[d];
+    return n;
+  };
+  // The flat row-major index of the element at kept index k and reduced index r.
+  auto flat_index = [&](int64_t k, int64_t r) {
+    std::vector<int64_t> index(shape.size());
+    for (size_t a = kept_axes.size(); a-- > 0;) index[kept_axes[a]] = k % shape[kept_axes[a]], k /= shape[kept_axes[a]];
+    for (size_t a = reduced_axes.size(); a-- > 0;) {
+      index[reduced_axes[a]] = r % shape[reduced_axes[a]], r /= shape[reduced_axes[a]];
+    }
+    int64_t flat = 0;
+    for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + index[d];
+    return static_cast<size_t>(flat);
+  };
+  std::vector<double> out;
+  for (int64_t k = 0; k < count(kept_axes); ++k) {
+    float acc = is_max ? -std::numeric_limits<float>::infinity() : 0.0f;
+    for (int64_t r = 0; r < count(reduced_axes); ++r) {
+      const auto v = static_cast<float>(values[flat_index(k, r)]);
+      acc = is_max ? ((acc > v || acc != acc) ? acc : v) : acc + v;
+    }
+    out.push_back(acc);
+  }
+  return out;
+}
+
+// CPU sums and maxima combine each output's elements in index order whatever the layout
+// (contiguous, permuted, expanded, narrowed) and however many threads share the outputs: equal
+// to a plain loop bit for bit. The shapes give outputs adjacent in memory (rows added into
+// running outputs) and apart (each output walked), over more elements than one thread takes.
+TEST(Reduction, CpuReductionsCombineInIndexOrderWhateverTheLayout) {
+  Generator gen(47);
+  const Tensor base = randn({64, 3, 200}, DType::f32, &gen);
+  const Tensor row = randn({1, 5, 70}, DType::f32, &gen);
+  const std::vector<std::pair<const char*, Tensor>> views = {
+      {"contiguous", base},
+      {"permuted", base.permute({2, 0, 1})},
+      {"transposed", base.transpose(0, 2)},
+      {"narrowed", base.narrow(2, 3, 150)},
+      {"expanded", row.expand({300, 5, 70})},
+  };
+  const std::vector<std::vector<int64_t>> dim_sets = {{0}, {1}, {2}, {0, 1}, {0, 2}, {1, 2}, {0, 1, 2}};
+  for (const auto& [name, x] : views) {
+    const std::vector<double> values = x.contiguous().to_vector<double>();
+    for (const auto& dims : dim_sets) {
+      std::string what = std::string(name) + " over {";
+      for (int64_t d : dims) what += std::to_string(d) + ",";
+      what += "}";
+      EXPECT_EQ(sum(x, dims).to_vector<double>(), reduce_in_index_order(values, x.shape(), dims, false))
+          << "sum, " << what;
+      if (dims.size() == 1) {
+        EXPECT_EQ(max(x, dims[0]).to_vector<double>(), reduce_in_index_order(values, x.shape(), dims, true))
+            << "max, " << what;
+      }
+    }
+  }
+}
+
 // fn on x (rounded to its dtype) on CUDA against fn on the same values in f64 on the CPU, within
 // tol relative.
 using ReductionFn = std::function<Tensor(const Tensor&)>;
