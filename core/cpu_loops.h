@@ -21,6 +21,10 @@ namespace mt::cpu {
 // threads (a few microseconds) must be small against the work.
 constexpr int64_t kParallelGrain = 32768;
 
+// Rows of `cols` elements per task for parallel_for over rows: at least kParallelGrain
+// elements a task.
+inline int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)); }
+
 // Calls f(begin, end) over chunks covering [0, n), on several threads when n is large.
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {

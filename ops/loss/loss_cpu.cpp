@@ -1,6 +1,9 @@
-// CPU cross-entropy kernels over contiguous rows [rows, C]; math in acc_t.
+// CPU cross-entropy kernels over contiguous rows [rows, C]; math in acc_t. Rows are split
+// across the cores; each row's arithmetic is the same on any thread, and the reduction over
+// rows stays one loop in row order.
 #include <limits>
 
+#include "core/cpu_loops.h"
 #include "core/dispatch.h"
 #include "ops/loss/loss_kernels.h"
 #include "ops/math.h"
@@ -24,23 +27,25 @@ void cross_entropy_forward_cpu(const Tensor& loss, const Tensor& lse, const Tens
       const I* t = static_cast<const I*>(target.data_ptr());
       A* l = static_cast<A*>(loss.data_ptr());
       A* s_out = static_cast<A*>(lse.data_ptr());
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * classes;
-        A m = rowwise::Max::identity<A>();
-        for (int64_t c = 0; c < classes; ++c) m = rowwise::Max{}(m, convert<A>(xr[c]));
-        A s = 0;
-        for (int64_t c = 0; c < classes; ++c) s += math::exp(convert<A>(xr[c]) - m);
-        const A log_s = math::log(s);
-        s_out[r] = m + log_s;
-        const auto k = static_cast<int64_t>(t[r]);
-        if (k == ignore_index) {
-          l[r] = A(0);
-        } else if (k < 0 || k >= classes) {
-          l[r] = std::numeric_limits<A>::quiet_NaN();
-        } else {
-          l[r] = log_s - (convert<A>(xr[k]) - m);
+      cpu::parallel_for(rows, cpu::rows_per_task(classes), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* xr = x + r * classes;
+          A m = rowwise::Max::identity<A>();
+          for (int64_t c = 0; c < classes; ++c) m = rowwise::Max{}(m, convert<A>(xr[c]));
+          A s = 0;
+          for (int64_t c = 0; c < classes; ++c) s += math::exp(convert<A>(xr[c]) - m);
+          const A log_s = math::log(s);
+          s_out[r] = m + log_s;
+          const auto k = static_cast<int64_t>(t[r]);
+          if (k == ignore_index) {
+            l[r] = A(0);
+          } else if (k < 0 || k >= classes) {
+            l[r] = std::numeric_limits<A>::quiet_NaN();
+          } else {
+            l[r] = log_s - (convert<A>(xr[k]) - m);
+          }
         }
-      }
+      });
     });
   });
 }
@@ -83,23 +88,25 @@ void cross_entropy_backward_cpu(const Tensor& dlogits, const Tensor& grad, const
       const int64_t g_stride = reduction == Reduction::none ? 1 : 0;
       const A scale =
           reduction == Reduction::mean ? A(1) / static_cast<A>(*static_cast<const int64_t*>(count.data_ptr())) : A(1);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * classes;
-        T* dr = dx + r * classes;
-        const auto k = static_cast<int64_t>(t[r]);
-        const A gr = g[r * g_stride] * scale;
-        for (int64_t c = 0; c < classes; ++c) {
-          A v;
-          if (k == ignore_index) {
-            v = A(0);
-          } else if (k < 0 || k >= classes) {
-            v = std::numeric_limits<A>::quiet_NaN();
-          } else {
-            v = (math::exp(convert<A>(xr[c]) - s[r]) - (c == k ? A(1) : A(0))) * gr;
+      cpu::parallel_for(rows, cpu::rows_per_task(classes), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* xr = x + r * classes;
+          T* dr = dx + r * classes;
+          const auto k = static_cast<int64_t>(t[r]);
+          const A gr = g[r * g_stride] * scale;
+          for (int64_t c = 0; c < classes; ++c) {
+            A v;
+            if (k == ignore_index) {
+              v = A(0);
+            } else if (k < 0 || k >= classes) {
+              v = std::numeric_limits<A>::quiet_NaN();
+            } else {
+              v = (math::exp(convert<A>(xr[c]) - s[r]) - (c == k ? A(1) : A(0))) * gr;
+            }
+            dr[c] = convert<T>(v);
           }
-          dr[c] = convert<T>(v);
         }
-      }
+      });
     });
   });
 }
@@ -126,7 +133,9 @@ void scale_by_loss_grad_cpu(const Tensor& out, const Tensor& in, const Tensor& g
     T* o = static_cast<T*>(out.data_ptr());
     const int64_t n = out.numel();
     auto scale = [&](const auto* x) {
-      for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(convert<A>(x[i]) * g);
+      cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) o[i] = convert<T>(convert<A>(x[i]) * g);
+      });
     };
     if (in.dtype() == out.dtype()) {
       scale(static_cast<const T*>(in.data_ptr()));

@@ -53,8 +53,8 @@ template <ReduceKind kKind, typename T>
 void reduce_typed(const Tensor& out, const Tensor& in, int64_t outer, int64_t inner) {
   using A = acc_t<T>;
   const T* x = static_cast<const T*>(in.data_ptr());
-  T* y = static_cast<T*>(out.data_ptr());                                   // contiguous: reduce() makes it
-  const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / inner);  // outputs per task
+  T* y = static_cast<T*>(out.data_ptr());           // contiguous: reduce() makes it
+  const int64_t grain = cpu::rows_per_task(inner);  // outputs per task
   const size_t kept = kept_dims(in.shape(), outer);
   int64_t out_step = 0, row_step = 0;
   if (collapsed_stride(in.shape(), in.strides(), 0, kept, &out_step) &&

@@ -1,5 +1,5 @@
-// CPU softmax kernels over contiguous rows [rows, cols]; math in acc_t.
-#include <algorithm>
+// CPU softmax kernels over contiguous rows [rows, cols]; math in acc_t. Rows are split
+// across the cores; each row's arithmetic is the same on any thread.
 #include <vector>
 
 #include "core/cpu_loops.h"
@@ -10,21 +10,13 @@
 
 namespace mt::ops {
 
-namespace {
-
-// Rows per task: at least cpu::kParallelGrain elements each. Rows are independent, and each
-// row's arithmetic is the same on any thread: results do not depend on the thread count.
-int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(cols, 1)); }
-
-}  // namespace
-
 void softmax_forward_cpu(const Tensor& out, const Tensor& x, int64_t rows, int64_t cols, SoftmaxKind kind) {
   dispatch_floating(x.dtype(), name_of(kind), [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     const T* in = static_cast<const T*>(x.data_ptr());
     T* y = static_cast<T*>(out.data_ptr());
-    cpu::parallel_for(rows, rows_per_task(cols), [&](int64_t begin, int64_t end) {
+    cpu::parallel_for(rows, cpu::rows_per_task(cols), [&](int64_t begin, int64_t end) {
       std::vector<A> e(static_cast<size_t>(cols));  // the row's exponentials, each computed once
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = in + r * cols;
@@ -56,7 +48,7 @@ void softmax_backward_cpu(const Tensor& dx, const Tensor& dy, const Tensor& y, i
     const T* g = static_cast<const T*>(dy.data_ptr());
     const T* out = static_cast<const T*>(y.data_ptr());
     T* grad = static_cast<T*>(dx.data_ptr());
-    cpu::parallel_for(rows, rows_per_task(cols), [&](int64_t begin, int64_t end) {
+    cpu::parallel_for(rows, cpu::rows_per_task(cols), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* gr = g + r * cols;
         const T* yr = out + r * cols;
