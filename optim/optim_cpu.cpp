@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "core/cpu_loops.h"
 #include "core/dispatch.h"
 #include "optim/optim_kernels.h"
 #include "optim/optim_math.h"
@@ -37,12 +38,15 @@ void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found
     A* m = static_cast<A*>(t.exp_avg.data_ptr());
     A* v = static_cast<A*>(t.exp_avg_sq.data_ptr());
     A* master = t.master.defined() ? static_cast<A*>(t.master.data_ptr()) : nullptr;
-    for (int64_t i = 0; i < t.param.numel(); ++i) {
-      A pv = master ? master[i] : convert<A>(p[i]);
-      adamw_update<A>(pv, convert<A>(g[i]), m[i], v[i], c);
-      if (master) master[i] = pv;
-      p[i] = convert<T>(pv);
-    }
+    // Each element's update is its own: split across the cores, the values are the same.
+    cpu::parallel_for(t.param.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        A pv = master ? master[i] : convert<A>(p[i]);
+        adamw_update<A>(pv, convert<A>(g[i]), m[i], v[i], c);
+        if (master) master[i] = pv;
+        p[i] = convert<T>(pv);
+      }
+    });
   });
 }
 
