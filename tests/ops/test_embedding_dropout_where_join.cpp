@@ -265,16 +265,22 @@ TEST(Dropout, BackwardRecomputesTheForwardMask) {
   EXPECT_TRUE(std::any_of(v.begin(), v.end(), [](double e) { return e == 0.0; }));
 }
 
+// Strided inputs: [6, 4] (a transposed [4, 6]) and [20001, 7] (140007 elements, split across CPU
+// tasks, the last group of four short).
 TEST(Dropout, MaskMatchesPhiloxUniformAtEachLogicalIndex) {
-  Generator gen(123);
-  gen.set_offset(17);
-  const double p = 0.4;
-  const Tensor x = arange(1.0, 25.0, 1.0, DType::f64).reshape({4, 6}).transpose(0, 1);  // strided
-  const std::vector<double> out = dropout(x, p, true, &gen).to_vector<double>();
-  const std::vector<double> xs = x.contiguous().to_vector<double>();
-  for (size_t i = 0; i < out.size(); ++i) {
-    const bool keep = philox::uniform_at(123, 17, i) >= p;
-    EXPECT_EQ(out[i], keep ? xs[i] * (1.0 / (1.0 - p)) : 0.0) << i;
+  for (const int64_t cols : {int64_t{6}, int64_t{20001}}) {
+    Generator gen(123);
+    gen.set_offset(17);
+    const double p = 0.4;
+    const Tensor x = arange(1.0, 4.0 * static_cast<double>(cols) + 1.0, 1.0, DType::f64).reshape({4, cols});
+    const Tensor strided = (cols == 6 ? x : cat({x, x.narrow(0, 0, 3)}, 0)).transpose(0, 1);
+    const std::vector<double> out = dropout(strided, p, true, &gen).to_vector<double>();
+    const std::vector<double> xs = strided.contiguous().to_vector<double>();
+    ASSERT_EQ(out.size(), xs.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      const bool keep = philox::uniform_at(123, 17, i) >= p;
+      ASSERT_EQ(out[i], keep ? xs[i] * (1.0 / (1.0 - p)) : 0.0) << cols << " columns, element " << i;
+    }
   }
 }
 
