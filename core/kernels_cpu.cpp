@@ -54,17 +54,21 @@ void fill_cpu(const Tensor& dst, double value) {
 }
 
 void random_cpu(const Tensor& dst, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) {
-  const int64_t n = dst.numel();
-  const StridedIndexer di(dst);
+  // Each element's number is set by its logical index alone, so the elements split across
+  // the cores (a model's initialisation draws every weight here).
+  const cpu::StridedWalk<1> walk(dst.shape(), {&dst.strides()});
   dispatch_floating(dst.dtype(), dist == Distribution::uniform ? "rand" : "randn", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* d = static_cast<T*>(dst.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      const auto k = static_cast<uint64_t>(i);
-      d[di.offset(i)] = dist == Distribution::uniform
-                            ? philox::uniform_as<T>(philox::uniform_at(seed, offset, k), a, b)
-                            : convert<T>(a + b * static_cast<double>(philox::normal_at(seed, offset, k)));
-    }
+    cpu::parallel_for(dst.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+      auto k = static_cast<uint64_t>(begin);
+      walk.run(begin, end, [&](const auto& off) {
+        d[off[0]] = dist == Distribution::uniform
+                        ? philox::uniform_as<T>(philox::uniform_at(seed, offset, k), a, b)
+                        : convert<T>(a + b * static_cast<double>(philox::normal_at(seed, offset, k)));
+        ++k;
+      });
+    });
   });
 }
 
