@@ -6,7 +6,6 @@
 #include "core/dispatch.h"
 #include "core/kernels.h"
 #include "core/random.h"
-#include "core/strided.h"
 
 namespace mt::kernels {
 
