@@ -25,11 +25,13 @@ struct CacheEntry {
   Tensor cast;
   bool kept = false;      // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
   bool provided = false;  // an optimizer's copy (Note [Provided copies]): outlives the region too
+  bool replayed = false;  // a provided copy that its optimizer keeps current between graph replays
 };
 
 struct AutocastState {
   DeviceTypeState per_type[2];
   int depth = 0;
+  int copies_in_capture = 0;  // ServeCopiesInCapture guards open
   uint64_t casts = 0;
   // Note [Autocast cast cache]; keyed also by whether the cast was recorded (a Cast node) or not.
   std::map<std::tuple<const TensorImpl*, DType, bool>, CacheEntry> cache;
@@ -70,9 +72,10 @@ Tensor cast_to(const Tensor& t, DType target, bool recorded) {
   if (cacheable) {
     auto it = t_state.cache.find(key);
     // A kept copy serves only while its tensor is still frozen; a cached trainable one only
-    // while the tensor still requires grad; a provided one not while a capture records casts.
+    // while the tensor still requires grad; a provided one inside a CUDA Graph capture only
+    // where the capturer keeps it current between replays (Note [Provided copies]).
     if (it != t_state.cache.end() && still_valid(it->second, t) && it->second.kept == kept &&
-        !(it->second.provided && cuda::capturing())) {
+        !(it->second.provided && cuda::capturing() && !(it->second.replayed && t_state.copies_in_capture > 0))) {
       return it->second.cast;
     }
   }
@@ -164,7 +167,7 @@ std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs) {
 
 Tensor cast_input(const char* op, const Tensor& input) { return cast_inputs(op, {input})[0]; }
 
-void provide_copy(const Tensor& source, const Tensor& copy) {
+void provide_copy(const Tensor& source, const Tensor& copy, bool kept_current_between_replays) {
   MT_CHECK(source.dtype() == DType::f32 && source.is_leaf() && is_half(copy.dtype()) &&
                copy.shape() == source.shape() && copy.device() == source.device(),
            "autocast::provide_copy: a ", dtype_name(copy.dtype()), " copy ", shape_str(copy.shape()), " on ",
@@ -172,9 +175,15 @@ void provide_copy(const Tensor& source, const Tensor& copy) {
            " tensor ", shape_str(source.shape()), " on ", source.device().str(),
            " (wanted: an f16 or bf16 copy of an f32 leaf, of its shape and on its device)");
   const auto key = std::make_tuple(static_cast<const TensorImpl*>(source.impl()), copy.dtype(), /*recorded=*/false);
-  t_state.cache[key] = CacheEntry{source.impl_ptr(), source.storage(), source.version(), copy, /*kept=*/false,
-                                  /*provided=*/true};
+  t_state.cache[key] = CacheEntry{source.impl_ptr(), source.storage(),
+                                  source.version(),  copy,
+                                  /*kept=*/false,
+                                  /*provided=*/true, kept_current_between_replays};
 }
+
+ServeCopiesInCapture::ServeCopiesInCapture() { ++t_state.copies_in_capture; }
+ServeCopiesInCapture::~ServeCopiesInCapture() { --t_state.copies_in_capture; }
+bool copies_served_in_capture() { return t_state.copies_in_capture > 0; }
 
 void withdraw_copy(const Tensor& source, DType dtype) {
   const auto it = t_state.cache.find(std::make_tuple(static_cast<const TensorImpl*>(source.impl()), dtype, false));

@@ -40,9 +40,17 @@
 // parameter is the same tensor with the same storage and version as when it was
 // provided. So a training step casts no weight: the copy costs the update 2 bytes a
 // parameter, where a cast reads 4 and writes 2 in a launch of its own. Like the cache,
-// it serves the thread that provided it. Not while a CUDA Graph is captured (its
-// replays, which bump no version, must cast the weights as they are then); an optimizer
-// stepping inside a capture withdraws its copies (withdraw_copy).
+// it serves the thread that provided it.
+// Inside a CUDA Graph capture a copy serves only under ServeCopiesInCapture, which
+// CudaGraphStep opens, and only if its optimizer is one that CudaGraphStep prepares for
+// every replay (it was provided kept_current_between_replays). The captured forward then
+// reads the copies' memory, and the captured update rewrites them beside the parameters,
+// so that each replay leaves them current for the next. Before every replay the
+// optimizer's prepare_replay() casts again the copy of any parameter written since its
+// copy was (a load, an in-place edit: the version tells), then moves the parameters'
+// versions (a replay rewrites them behind the host's back) and provides the copies anew.
+// Any other capture has no such promise: it casts the weights, and an optimizer stepping
+// inside it withdraws its copies (withdraw_copy).
 #pragma once
 
 #include <cstdint>
@@ -91,9 +99,23 @@ std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs);
 
 // Note [Provided copies]: `copy` (f16 or bf16, source's shape) holds the f32 leaf `source`
 // rounded to copy's dtype as source is now; operand_copies serves it until source changes.
-void provide_copy(const Tensor& source, const Tensor& copy);
+// kept_current_between_replays: the provider prepares every replay of the graph being
+// captured (ServeCopiesInCapture), so that the capture may read the copy too.
+void provide_copy(const Tensor& source, const Tensor& copy, bool kept_current_between_replays = false);
 // Stops serving source's provided copy in `dtype`, if there is one.
 void withdraw_copy(const Tensor& source, DType dtype);
+
+// While one lives (on this thread), a CUDA Graph capture serves provided copies and an
+// optimizer writes its copies in the captured step: its opener promises to call each
+// optimizer's prepare_replay() before every replay (Note [Provided copies]).
+class ServeCopiesInCapture {
+ public:
+  ServeCopiesInCapture();
+  ~ServeCopiesInCapture();
+  ServeCopiesInCapture(const ServeCopiesInCapture&) = delete;
+  ServeCopiesInCapture& operator=(const ServeCopiesInCapture&) = delete;
+};
+bool copies_served_in_capture();
 
 // Number of casts autocast has made on this thread (tests count cache hits with it).
 uint64_t cast_count();

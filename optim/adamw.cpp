@@ -65,6 +65,10 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
 
 void AdamW::step_unless(const Tensor& found_inf) {
   NoGradGuard no_grad;
+  // Inside a capture that serves copies, this step writes them only if its replays are
+  // prepared: prepare_replay() ran for this capture (CudaGraphStep calls it just before).
+  const bool prepared_capture = cuda::capturing() && autocast::copies_served_in_capture() && replays_prepared_;
+  if (!cuda::capturing()) replays_prepared_ = false;
   std::set<int> uploaded;  // devices whose rates this step has written
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& group = groups_[gi];
@@ -76,7 +80,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
     args.weight_decay = group.weight_decay;
     args.decoupled = options_.decoupled();
     std::map<int, std::vector<optim_kernels::AdamWTensors>> cuda_lists;  // device -> one fused update
-    std::vector<std::pair<Tensor, Tensor>> copies;  // (parameter, its autocast copy), handed over once written
+    std::vector<std::pair<Tensor, State*>> copies;  // parameters with an autocast copy, handed over once written
     for (size_t pi = 0; pi < group.params.size(); ++pi) {
       const Tensor& p = group.params[pi];
       Tensor g = p.grad();
@@ -85,7 +89,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
                g.device().str(), " does not match its parameter ", shape_str(p.shape()), " on ", p.device().str());
       g = raw::contiguous(g.dtype() == p.dtype() ? g : raw::to(g, p.dtype()));
       State& s = state_[gi][pi];
-      const Tensor copy = autocast_copy_for(p, s);
+      const Tensor copy = autocast_copy_for(p, s, prepared_capture);
       const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master, copy};
       if (p.is_cuda()) {
         cuda_lists[p.device().index].push_back(tensors);
@@ -102,7 +106,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
         } else {
           copy.copy_(p);
         }
-        copies.emplace_back(p, copy);
+        copies.emplace_back(p, &s);
       }
     }
     for (const auto& [device, list] : cuda_lists) {
@@ -116,14 +120,21 @@ void AdamW::step_unless(const Tensor& found_inf) {
     }
     // Only now, with every update launched: a step that threw before its kernels must not leave
     // autocast a copy that was never written (a first step's copy is new memory).
-    for (const auto& [p, copy] : copies) autocast::provide_copy(p, copy);
+    for (const auto& [p, s] : copies) provide_copy(p, *s, /*kept_current_between_replays=*/prepared_capture);
   }
 }
 
-Tensor AdamW::autocast_copy_for(const Tensor& p, State& s) {
+void AdamW::provide_copy(const Tensor& p, State& s, bool kept_current_between_replays) {
+  s.copy_version = p.version();
+  autocast::provide_copy(p, s.autocast_copy, kept_current_between_replays);
+}
+
+Tensor AdamW::autocast_copy_for(const Tensor& p, State& s, bool prepared_capture) {
   const std::optional<DType>& dtype = options_.autocast_copies();
   if (!dtype || p.dtype() != DType::f32) return Tensor();
-  if (cuda::capturing()) {  // Note [Provided copies]: a replay bumps no version
+  // Note [Provided copies]: a capture writes the copies only where its replays are prepared,
+  // and only into copies an eager step made (their memory must outlive the graph).
+  if (cuda::capturing() && (!prepared_capture || !s.autocast_copy.defined())) {
     autocast::withdraw_copy(p, *dtype);
     return Tensor();
   }
@@ -153,14 +164,24 @@ void AdamW::upload_rates(const Tensor& rates) const {
 
 bool AdamW::prepare_replay() {
   for (const auto& [device, rates] : rates_on_device_) upload_rates(rates);
-  // The replay rewrites the parameters without moving their versions, and its captured step
-  // writes no autocast copy (Note [Provided copies]): moved here, the versions tell autocast
-  // that a copy an eager step made before the replay is no longer the parameter's.
+  // Note [Provided copies]. A copy is current while its parameter's version is the one it was
+  // written at; a parameter written since (a load, an in-place edit) has its copy cast again
+  // here, before the replay reads it. The replay then rewrites both the parameter and the
+  // copy (the captured update writes them together) without moving a version: moved here,
+  // and the copies provided anew, so that what autocast serves and what saved tensors check
+  // describe the parameters as the replay leaves them.
+  NoGradGuard no_grad;
   for (size_t g = 0; g < state_.size(); ++g) {
     for (size_t i = 0; i < state_[g].size(); ++i) {
-      if (state_[g][i].autocast_copy.defined()) groups_[g].params[i].bump_version();
+      State& s = state_[g][i];
+      if (!s.autocast_copy.defined()) continue;
+      const Tensor& p = groups_[g].params[i];
+      if (p.version() != s.copy_version) s.autocast_copy.copy_(p);
+      p.bump_version();
+      provide_copy(p, s, /*kept_current_between_replays=*/true);
     }
   }
+  replays_prepared_ = true;
   return !rates_on_device_.empty();
 }
 

@@ -77,9 +77,10 @@ class AdamW : public Optimizer {
   // Steps actually taken (skipped ones not counted); reading it waits for the device.
   int64_t steps_taken() const;
   // CUDA kernels read each group's learning rate from device memory: this writes the
-  // current rates there (a fill kernel each, no host synchronisation). It also moves the
-  // versions of the parameters that have autocast copies: the replay rewrites them and no
-  // copy, so a copy an eager step made before it must not be served after it.
+  // current rates there (a fill kernel each, no host synchronisation). It also keeps the
+  // autocast copies current for the replay, which reads them and rewrites them beside the
+  // parameters: a parameter written since its copy was has the copy cast again, and every
+  // parameter with a copy has its version moved (Note [Provided copies]).
   bool prepare_replay() override;
 
   struct State {
@@ -87,6 +88,7 @@ class AdamW : public Optimizer {
     Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
     Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
     Tensor autocast_copy;        // AdamWOptions::autocast_copies: made at the first step; not saved
+    uint64_t copy_version = 0;   // the parameter's version when autocast_copy was last written
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
   std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
@@ -98,13 +100,18 @@ class AdamW : public Optimizer {
   // read the rate of its moment, which prepare_replay() writes).
   const Tensor& rates_on(int device);
   // The copy of p that this step writes for autocast (AdamWOptions::autocast_copies), made
-  // at its first step; undefined when p takes none, or inside a CUDA Graph capture.
-  Tensor autocast_copy_for(const Tensor& p, State& s);
+  // at its first step; undefined when p takes none, or inside a CUDA Graph capture that
+  // does not serve copies (autocast::ServeCopiesInCapture).
+  // prepared_capture: the step is being captured by a CudaGraphStep that prepares its replays.
+  Tensor autocast_copy_for(const Tensor& p, State& s, bool prepared_capture);
+  // Hands s's copy of p, now written, to autocast (Note [Provided copies]).
+  static void provide_copy(const Tensor& p, State& s, bool kept_current_between_replays);
   void upload_rates(const Tensor& rates) const;
 
   AdamWOptions options_;
   std::vector<std::vector<State>> state_;
   std::map<int, Tensor> rates_on_device_;
+  bool replays_prepared_ = false;  // prepare_replay() ran, and no eager step since
 };
 
 }  // namespace mt

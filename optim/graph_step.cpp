@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "autograd/autocast.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -47,7 +48,12 @@ struct CudaGraphStep::Impl {
 
   void capture() {
     const uint64_t offset = default_generator(device).offset();
-    graph.capture(cuda::current_stream(device.index), step);
+    {
+      // run() prepares every replay (refresh_for_replay), so the captured step may read and
+      // write the optimizers' autocast copies (Note [Provided copies]).
+      const autocast::ServeCopiesInCapture serve_copies;
+      graph.capture(cuda::current_stream(device.index), step);
+    }
     if (default_generator(device).offset() != offset) {
       graph.replay(cuda::current_stream(device.index));  // this once, as an eager step would have run
       graph = cuda::Graph();

@@ -489,9 +489,10 @@ TEST(GPT, CudaCheckpointingMatchesWithinF32Rounding) {
 }
 
 // A GPT step (positions, embeddings, attention, the fused head) replayed from a CUDA Graph
-// gives the eager steps' losses and weights bit for bit.
-TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
-  MT_SKIP_WITHOUT_CUDA();
+// gives the eager steps' losses and weights bit for bit; with graphed_copies the graphed
+// model's AdamW writes the weights' bf16 copies (AdamWOptions::autocast_copies) and the
+// captured step reads them, where the eager twin casts its weights.
+void expect_graph_replays_give_the_eager_steps(bool graphed_copies) {
   // cuDNN's attention backward adds dQ with atomics unless asked not to.
   const backends::DeterministicGuard deterministic;
   const Device cuda("cuda");
@@ -512,15 +513,17 @@ TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
       loss_out.copy_(loss.reshape({1}));
     }
   };
-  auto make = [&] {
+  auto make = [&](bool copies) {
     Generator g(21);
     Run r{std::make_unique<GPT>(c, &g), nullptr, zeros({2, 15}, TensorOptions(DType::i64).device(cuda)),
           zeros({2, 15}, TensorOptions(DType::i64).device(cuda)), zeros({1}, TensorOptions().device(cuda))};
     r.model->to(cuda);
-    r.opt = std::make_unique<AdamW>(r.model->parameters(), AdamWOptions(1e-2));
+    AdamWOptions options(1e-2);
+    if (copies) options.autocast_copies(DType::bf16);
+    r.opt = std::make_unique<AdamW>(r.model->parameters(), options);
     return r;
   };
-  Run eager = make(), graphed = make();
+  Run eager = make(false), graphed = make(graphed_copies);
   CudaGraphStep step(cuda, [&] { graphed.step(); }, {graphed.opt.get()});
   for (int i = 0; i < 6; ++i) {
     const Tensor ids = random_ids(2, 16, c.vocab_size, 100 + static_cast<uint64_t>(i)).to(cuda);
@@ -535,6 +538,16 @@ TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
   EXPECT_TRUE(step.captured());
   const auto e = eager.model->named_parameters(), g = graphed.model->named_parameters();
   for (size_t i = 0; i < e.size(); ++i) EXPECT_EQ(values(g[i].second), values(e[i].second)) << e[i].first;
+}
+
+TEST(GPT, CudaGraphReplaysGiveTheEagerStepsBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_graph_replays_give_the_eager_steps(/*graphed_copies=*/false);
+}
+
+TEST(GPT, CudaGraphReplaysReadingAdamWsCopiesGiveTheCastingStepsBitForBit) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_graph_replays_give_the_eager_steps(/*graphed_copies=*/true);
 }
 
 TEST(GPT, CudaMatchesCpu) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "autograd/autocast.h"
+#include "autograd/grad_mode.h"
 #include "core/cuda_context.h"
 #include "core/random.h"
 #include "ops/ops.h"
@@ -111,46 +112,80 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
   EXPECT_EQ(flat(graphed), flat(eager));
 }
 
-// With AdamWOptions::autocast_copies the eager steps take the optimizer's f16 copies of the
-// weights and the captured step casts them (a replay bumps no version, so no copy could be
-// known to be current); every loss and parameter still equals the casting run's, and after the
-// replays an eager step casts the weights again rather than take a copy from before them.
-TEST(CudaGraphStep, ReplaysWithAutocastCopiesGiveTheCastingStepsBitForBit) {
+// With AdamWOptions::autocast_copies the captured step, like the eager ones, reads the
+// optimizer's f16 copies of the weights and writes them in its update: it records no cast, and
+// every loss and parameter equals the casting run's. Between replays the copies stay current:
+// an eager step after replays takes them, a replay after eager steps reads theirs, and a
+// weight edited in place between replays has its copy cast again before the next replay reads it.
+TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   TinyTraining cast(cuda_device(0), 7), graphed(cuda_device(0), 7, /*autocast_copies=*/true);
   CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
-  const auto [cast_losses, graphed_losses] = side_by_side(cast, graphed, step, 6);
-  EXPECT_TRUE(step.captured());
-  EXPECT_EQ(graphed_losses, cast_losses);
-  EXPECT_EQ(flat(graphed), flat(cast));
-  const auto eager_step_casts = [](TinyTraining& t) {
+  const auto casts_of = [](const std::function<void()>& run) {
     const uint64_t before = autocast::cast_count();
-    t.step();
+    run();
     return autocast::cast_count() - before;
   };
+  const auto expect_same = [&](const char* when) {
+    EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item()) << when;
+    EXPECT_EQ(flat(graphed), flat(cast)) << when;
+  };
+  uint64_t cast_casts = 0, graphed_casts = 0;
+  for (int i = 0; i < 6; ++i) {  // two eager warm-up steps, the capture, three replays
+    cast.load_batch(i);
+    graphed.load_batch(i);
+    cast_casts += casts_of([&] { cast.step(); });
+    graphed_casts += casts_of([&] { step.run(); });
+    expect_same("side by side");
+  }
+  EXPECT_TRUE(step.captured());
+  EXPECT_EQ(cast_casts, 6u * 4u);
+  EXPECT_EQ(graphed_casts, 4u) << "only the first step casts: the second eager step and the capture take the copies";
+
+  // An eager step after the replays takes the copies the last replay wrote.
   cast.load_batch(6);
   graphed.load_batch(6);
-  const uint64_t cast_casts = eager_step_casts(cast);
-  EXPECT_EQ(eager_step_casts(graphed), cast_casts) << "after replays, every weight is cast again";
-  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
+  cast.step();
+  EXPECT_EQ(casts_of([&] { graphed.step(); }), 0u) << "the replays keep the copies current";
+  expect_same("an eager step after replays");
+  // A replay after that eager step reads the copies it wrote.
   cast.load_batch(7);
   graphed.load_batch(7);
-  EXPECT_EQ(cast_casts - eager_step_casts(graphed), 4u) << "the eager step wrote copies that the next one takes";
-  eager_step_casts(cast);
-  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
-  EXPECT_EQ(flat(graphed), flat(cast));
-  // A replay after those eager steps rewrites the weights but not the copies (the captured step
-  // writes none): the next eager step must cast them again, not take the copies from before it.
-  cast.load_batch(8);
-  graphed.load_batch(8);
   cast.step();
   step.run();
-  cast.load_batch(9);
-  graphed.load_batch(9);
-  EXPECT_EQ(eager_step_casts(graphed), cast_casts) << "after a replay, every weight is cast again";
-  eager_step_casts(cast);
-  EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item());
-  EXPECT_EQ(flat(graphed), flat(cast));
+  expect_same("a replay after an eager step");
+  // A weight written between replays: prepare_replay casts its copy again.
+  {
+    NoGradGuard no_grad;
+    for (TinyTraining* t : {&cast, &graphed}) {
+      t->w1.copy_(t->w1 * 0.5);
+      t->b2.copy_(t->b2 + 0.25);
+    }
+  }
+  for (int i = 8; i < 10; ++i) {
+    cast.load_batch(i);
+    graphed.load_batch(i);
+    cast.step();
+    step.run();
+    expect_same("replays after weights were edited in place");
+  }
+}
+
+// A CUDA Graph captured other than by CudaGraphStep has nobody to keep the copies current
+// between its replays: it casts the weights, and AdamW stepping inside it withdraws its copies.
+TEST(CudaGraphStep, ACaptureWithoutCudaGraphStepCastsTheWeights) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining t(cuda_device(0), 5, /*autocast_copies=*/true);
+  t.load_batch(0);
+  t.step();
+  t.step();
+  cuda::Graph graph;
+  const uint64_t before = autocast::cast_count();
+  graph.capture(cuda::current_stream(0), [&] { t.step(); });
+  EXPECT_EQ(autocast::cast_count() - before, 4u);
+  const uint64_t after_capture = autocast::cast_count();
+  t.step();
+  EXPECT_EQ(autocast::cast_count() - after_capture, 4u) << "the capture withdrew the copies";
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a

@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-autotune", gemm_autotune,
                "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
                "(mt::backends::set_matmul_autotune)");
+  bool cast_weights = false;
+  app.add_flag("--cast-weights", cast_weights,
+               "cast the f32 weights to fp16 in every forward, instead of taking the copies AdamW writes as it "
+               "updates them (mt::AdamWOptions::autocast_copies)");
   CLI11_PARSE(app, argc, argv);
   mt::backends::set_matmul_autotune(gemm_autotune);
 
@@ -89,7 +93,9 @@ int main(int argc, char** argv) {
     model.to(device);
     const mt::Tensor x = mt::randn({batch, width}, mt::TensorOptions().device(device), &init);
     const mt::Tensor target = mt::randn({batch, width}, mt::TensorOptions().device(device), &init);
-    mt::AdamW opt(model.parameters(), mt::AdamWOptions(1e-4));
+    mt::AdamWOptions adamw(1e-4);
+    if (!cast_weights) adamw.autocast_copies(mt::DType::f16);
+    mt::AdamW opt(model.parameters(), adamw);
     mt::GradScaler scaler(device);
     auto train_step = [&] {
       mt::Tensor loss;
@@ -122,15 +128,15 @@ int main(int argc, char** argv) {
       per_step_ms.push_back(ms / static_cast<double>(steps));
     }
     // Floors: forward + backward GEMMs are 6 x params x rows FLOPs; AdamW reads the parameter,
-    // gradient and two moments (f32) and writes three of them, and autocast writes an f16 copy.
+    // gradient and two moments (f32) and writes three of them and an f16 copy (AdamW's, or a cast's).
     const double params = static_cast<double>(layers * (width * width + width));
     const double flops = 6.0 * params * static_cast<double>(batch);
     const double bytes = params * (4 * 4 + 3 * 4 + 2);
     const double flop_floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
     const double byte_floor_ms = bytes / (copy_tbps * 1e12) * 1e3;
-    std::printf("mlp_step: %lld x Linear(%lld) + GELU, batch %lld, fp16 autocast + GradScaler + AdamW on %s%s\n",
+    std::printf("mlp_step: %lld x Linear(%lld) + GELU, batch %lld, fp16 autocast + GradScaler + AdamW on %s%s%s\n",
                 static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(batch),
-                device.str().c_str(),
+                device.str().c_str(), cast_weights ? ", weights cast at every step" : "",
                 graph_step.captured()
                     ? (", replaying a CUDA Graph of " + std::to_string(graph_step.graph_nodes()) + " nodes").c_str()
                     : "");

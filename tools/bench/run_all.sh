@@ -14,8 +14,9 @@ echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
 echo "-- full training with the f32 weights cast at every step (--cast-weights), not taken from AdamW's copies --"
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cast-weights
-echo "-- full training and LoRA, each step replayed from a CUDA Graph --"
+echo "-- full training and LoRA, each step replayed from a CUDA Graph (then full with its weights cast) --"
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
+"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph --cast-weights
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
 echo "-- full training and LoRA with --gemm-autotune (each GEMM problem times cuBLASLt's best few algorithms) --"
 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --gemm-autotune
@@ -28,6 +29,8 @@ echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + Ada
 "$build/tools/mlp_step" --device cuda --profile "$profile"
 echo "-- the same step captured once in a CUDA Graph and replayed (mt::CudaGraphStep) --"
 "$build/tools/mlp_step" --device cuda --cuda-graph
+echo "-- the graph again, its weights cast at every step (--cast-weights), not taken from AdamW's copies --"
+"$build/tools/mlp_step" --device cuda --cuda-graph --cast-weights
 python3 tools/bench/mlp_step_torch.py
 echo "== Op micro-benchmarks, GPT-2 124M shapes, bf16: ours against the floors, then PyTorch's =="
 ops_dir="$(mktemp -d)"
