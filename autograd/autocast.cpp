@@ -1,5 +1,6 @@
 #include "autograd/autocast.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -23,15 +24,15 @@ struct CacheEntry {
   std::weak_ptr<Storage> storage;    // the source's storage: Module::to() swaps it in place (set_data)
   uint64_t version = 0;
   Tensor cast;
-  bool kept = false;      // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
-  bool provided = false;  // an optimizer's copy (Note [Provided copies]): outlives the region too
-  bool replayed = false;  // a provided copy that its optimizer keeps current between graph replays
+  bool kept = false;               // a frozen leaf's unrecorded copy: outlives the region (Note [Autocast cast cache])
+  bool provided = false;           // an optimizer's copy (Note [Provided copies]): outlives the region too
+  const void* provider = nullptr;  // who provided it (ServeCopiesInCapture names whom a capture serves)
 };
 
 struct AutocastState {
   DeviceTypeState per_type[2];
   int depth = 0;
-  int copies_in_capture = 0;  // ServeCopiesInCapture guards open
+  const autocast::ServeCopiesInCapture* serving = nullptr;  // the innermost one open
   uint64_t casts = 0;
   // Note [Autocast cast cache]; keyed also by whether the cast was recorded (a Cast node) or not.
   std::map<std::tuple<const TensorImpl*, DType, bool>, CacheEntry> cache;
@@ -75,7 +76,7 @@ Tensor cast_to(const Tensor& t, DType target, bool recorded) {
     // while the tensor still requires grad; a provided one inside a CUDA Graph capture only
     // where the capturer keeps it current between replays (Note [Provided copies]).
     if (it != t_state.cache.end() && still_valid(it->second, t) && it->second.kept == kept &&
-        !(it->second.provided && cuda::capturing() && !(it->second.replayed && t_state.copies_in_capture > 0))) {
+        !(it->second.provided && cuda::capturing() && !autocast::serves_in_capture(it->second.provider))) {
       return it->second.cast;
     }
   }
@@ -167,7 +168,7 @@ std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs) {
 
 Tensor cast_input(const char* op, const Tensor& input) { return cast_inputs(op, {input})[0]; }
 
-void provide_copy(const Tensor& source, const Tensor& copy, bool kept_current_between_replays) {
+void provide_copy(const Tensor& source, const Tensor& copy, const void* provider) {
   MT_CHECK(source.dtype() == DType::f32 && source.is_leaf() && is_half(copy.dtype()) &&
                copy.shape() == source.shape() && copy.device() == source.device(),
            "autocast::provide_copy: a ", dtype_name(copy.dtype()), " copy ", shape_str(copy.shape()), " on ",
@@ -175,15 +176,21 @@ void provide_copy(const Tensor& source, const Tensor& copy, bool kept_current_be
            " tensor ", shape_str(source.shape()), " on ", source.device().str(),
            " (wanted: an f16 or bf16 copy of an f32 leaf, of its shape and on its device)");
   const auto key = std::make_tuple(static_cast<const TensorImpl*>(source.impl()), copy.dtype(), /*recorded=*/false);
-  t_state.cache[key] = CacheEntry{source.impl_ptr(), source.storage(),
-                                  source.version(),  copy,
-                                  /*kept=*/false,
-                                  /*provided=*/true, kept_current_between_replays};
+  t_state.cache[key] = CacheEntry{source.impl_ptr(), source.storage(), source.version(), copy, /*kept=*/false,
+                                  /*provided=*/true, provider};
 }
 
-ServeCopiesInCapture::ServeCopiesInCapture() { ++t_state.copies_in_capture; }
-ServeCopiesInCapture::~ServeCopiesInCapture() { --t_state.copies_in_capture; }
-bool copies_served_in_capture() { return t_state.copies_in_capture > 0; }
+ServeCopiesInCapture::ServeCopiesInCapture(std::vector<const void*> providers)
+    : providers_(std::move(providers)), outer_(t_state.serving) {
+  t_state.serving = this;
+}
+ServeCopiesInCapture::~ServeCopiesInCapture() { t_state.serving = outer_; }
+
+bool serves_in_capture(const void* provider) {
+  const ServeCopiesInCapture* serving = t_state.serving;
+  return provider != nullptr && cuda::capturing() && serving != nullptr &&
+         std::find(serving->providers_.begin(), serving->providers_.end(), provider) != serving->providers_.end();
+}
 
 void withdraw_copy(const Tensor& source, DType dtype) {
   const auto it = t_state.cache.find(std::make_tuple(static_cast<const TensorImpl*>(source.impl()), dtype, false));

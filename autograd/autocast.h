@@ -41,16 +41,16 @@
 // provided. So a training step casts no weight: the copy costs the update 2 bytes a
 // parameter, where a cast reads 4 and writes 2 in a launch of its own. Like the cache,
 // it serves the thread that provided it.
-// Inside a CUDA Graph capture a copy serves only under ServeCopiesInCapture, which
-// CudaGraphStep opens, and only if its optimizer is one that CudaGraphStep prepares for
-// every replay (it was provided kept_current_between_replays). The captured forward then
-// reads the copies' memory, and the captured update rewrites them beside the parameters,
-// so that each replay leaves them current for the next. Before every replay the
-// optimizer's prepare_replay() casts again the copy of any parameter written since its
-// copy was (a load, an in-place edit: the version tells), then moves the parameters'
-// versions (a replay rewrites them behind the host's back) and provides the copies anew.
-// Any other capture has no such promise: it casts the weights, and an optimizer stepping
-// inside it withdraws its copies (withdraw_copy).
+// Inside a CUDA Graph capture a copy serves only under a ServeCopiesInCapture that names
+// its provider: CudaGraphStep opens one naming its optimizers, whose prepare_replay() it
+// calls before every replay. The captured forward then reads the copies' memory, and the
+// captured update rewrites them beside the parameters, so that each replay leaves them
+// current for the next. prepare_replay() casts again the copy of any parameter written
+// since its copy was (a load, an in-place edit: the version tells) or written by the
+// captured step after its update (a clamp, say: seen when the capture ends), then moves
+// the versions of the parameters and copies (a replay rewrites them behind the host's
+// back) and provides the copies anew. Any other capture has no such promise: it casts the
+// weights, and an optimizer stepping inside it withdraws its copies (withdraw_copy).
 #pragma once
 
 #include <cstdint>
@@ -99,23 +99,30 @@ std::vector<Tensor> operand_copies(const char* op, std::vector<Tensor> inputs);
 
 // Note [Provided copies]: `copy` (f16 or bf16, source's shape) holds the f32 leaf `source`
 // rounded to copy's dtype as source is now; operand_copies serves it until source changes.
-// kept_current_between_replays: the provider prepares every replay of the graph being
-// captured (ServeCopiesInCapture), so that the capture may read the copy too.
-void provide_copy(const Tensor& source, const Tensor& copy, bool kept_current_between_replays = false);
+// `provider` (the optimizer) is who keeps it current: a capture serves the copy only under a
+// ServeCopiesInCapture that names it.
+void provide_copy(const Tensor& source, const Tensor& copy, const void* provider = nullptr);
 // Stops serving source's provided copy in `dtype`, if there is one.
 void withdraw_copy(const Tensor& source, DType dtype);
 
-// While one lives (on this thread), a CUDA Graph capture serves provided copies and an
-// optimizer writes its copies in the captured step: its opener promises to call each
-// optimizer's prepare_replay() before every replay (Note [Provided copies]).
+// While one lives (on this thread, innermost first), a CUDA Graph capture serves the copies
+// that `providers` provided, and they write their copies in the captured step: its opener
+// promises that each of them keeps its copies current before every replay (Note [Provided
+// copies]; CudaGraphStep and Optimizer::prepare_replay).
 class ServeCopiesInCapture {
  public:
-  ServeCopiesInCapture();
+  explicit ServeCopiesInCapture(std::vector<const void*> providers);
   ~ServeCopiesInCapture();
   ServeCopiesInCapture(const ServeCopiesInCapture&) = delete;
   ServeCopiesInCapture& operator=(const ServeCopiesInCapture&) = delete;
+
+ private:
+  friend bool serves_in_capture(const void* provider);
+  std::vector<const void*> providers_;
+  const ServeCopiesInCapture* outer_;
 };
-bool copies_served_in_capture();
+// Whether a capture is in progress under a ServeCopiesInCapture that names `provider`.
+bool serves_in_capture(const void* provider);
 
 // Number of casts autocast has made on this thread (tests count cache hits with it).
 uint64_t cast_count();

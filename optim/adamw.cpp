@@ -65,10 +65,9 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
 
 void AdamW::step_unless(const Tensor& found_inf) {
   NoGradGuard no_grad;
-  // Inside a capture that serves copies, this step writes them only if its replays are
-  // prepared: prepare_replay() ran for this capture (CudaGraphStep calls it just before).
-  const bool prepared_capture = cuda::capturing() && autocast::copies_served_in_capture() && replays_prepared_;
-  if (!cuda::capturing()) replays_prepared_ = false;
+  // Inside a capture, the copies are written only where it serves them: a CudaGraphStep that
+  // has this optimizer prepare every replay (Note [Provided copies]).
+  const bool prepared_capture = autocast::serves_in_capture(provider());
   std::set<int> uploaded;  // devices whose rates this step has written
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& group = groups_[gi];
@@ -120,13 +119,20 @@ void AdamW::step_unless(const Tensor& found_inf) {
     }
     // Only now, with every update launched: a step that threw before its kernels must not leave
     // autocast a copy that was never written (a first step's copy is new memory).
-    for (const auto& [p, s] : copies) provide_copy(p, *s, /*kept_current_between_replays=*/prepared_capture);
+    for (const auto& [p, s] : copies) provide_copy(p, *s);
   }
 }
 
-void AdamW::provide_copy(const Tensor& p, State& s, bool kept_current_between_replays) {
+void AdamW::provide_copy(const Tensor& p, State& s) const {
   s.copy_version = p.version();
-  autocast::provide_copy(p, s.autocast_copy, kept_current_between_replays);
+  autocast::provide_copy(p, s.autocast_copy, provider());
+}
+
+const void* AdamW::provider() const { return static_cast<const Optimizer*>(this); }
+
+bool AdamW::copy_fits(const Tensor& p, const State& s) {
+  const Tensor& copy = s.autocast_copy;
+  return copy.defined() && p.dtype() == DType::f32 && p.shape() == copy.shape() && p.device() == copy.device();
 }
 
 Tensor AdamW::autocast_copy_for(const Tensor& p, State& s, bool prepared_capture) {
@@ -164,25 +170,47 @@ void AdamW::upload_rates(const Tensor& rates) const {
 
 bool AdamW::prepare_replay() {
   for (const auto& [device, rates] : rates_on_device_) upload_rates(rates);
-  // Note [Provided copies]. A copy is current while its parameter's version is the one it was
-  // written at; a parameter written since (a load, an in-place edit) has its copy cast again
-  // here, before the replay reads it. The replay then rewrites both the parameter and the
-  // copy (the captured update writes them together) without moving a version: moved here,
-  // and the copies provided anew, so that what autocast serves and what saved tensors check
-  // describe the parameters as the replay leaves them.
+  // Note [Provided copies]. The replay reads the copies and rewrites them beside the
+  // parameters. A copy is current while its parameter's version is the one it was written
+  // at; a parameter written since (a load, an in-place edit), or one that the captured step
+  // writes after its update (recast_before_replay), has its copy cast again here first. The
+  // replay moves no version: moved here, and the copies provided anew, so that what autocast
+  // serves and what saved tensors check describe the tensors as the replay leaves them; but
+  // not the copies of parameters the step writes after the update (an eager step after the
+  // replay casts those).
   NoGradGuard no_grad;
   for (size_t g = 0; g < state_.size(); ++g) {
     for (size_t i = 0; i < state_[g].size(); ++i) {
       State& s = state_[g][i];
-      if (!s.autocast_copy.defined()) continue;
       const Tensor& p = groups_[g].params[i];
-      if (p.version() != s.copy_version) s.autocast_copy.copy_(p);
+      if (!s.autocast_copy.defined()) continue;
+      if (!copy_fits(p, s)) {  // Module::to() gave the parameter another dtype or device: no copy now
+        autocast::withdraw_copy(p, s.autocast_copy.dtype());
+        s.autocast_copy = Tensor();
+        continue;
+      }
+      if (s.recast_before_replay || p.version() != s.copy_version) s.autocast_copy.copy_(p);
       p.bump_version();
-      provide_copy(p, s, /*kept_current_between_replays=*/true);
+      s.autocast_copy.bump_version();
+      if (s.recast_before_replay) {
+        autocast::withdraw_copy(p, s.autocast_copy.dtype());
+      } else {
+        provide_copy(p, s);
+      }
     }
   }
-  replays_prepared_ = true;
   return !rates_on_device_.empty();
+}
+
+void AdamW::after_capture() {
+  // A parameter whose version moved after its copy was provided in the capture is written
+  // by the captured step after its update: each replay leaves its copy behind.
+  for (size_t g = 0; g < state_.size(); ++g) {
+    for (size_t i = 0; i < state_[g].size(); ++i) {
+      State& s = state_[g][i];
+      s.recast_before_replay = s.autocast_copy.defined() && groups_[g].params[i].version() != s.copy_version;
+    }
+  }
 }
 
 int64_t AdamW::steps_taken() const {

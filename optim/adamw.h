@@ -82,13 +82,17 @@ class AdamW : public Optimizer {
   // parameters: a parameter written since its copy was has the copy cast again, and every
   // parameter with a copy has its version moved (Note [Provided copies]).
   bool prepare_replay() override;
+  // Finds the parameters that the captured step writes after their update (their copies are
+  // then cast again before every replay).
+  void after_capture() override;
 
   struct State {
-    Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
-    Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
-    Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
-    Tensor autocast_copy;        // AdamWOptions::autocast_copies: made at the first step; not saved
-    uint64_t copy_version = 0;   // the parameter's version when autocast_copy was last written
+    Tensor exp_avg, exp_avg_sq;         // f32 (f64 for f64 params), the parameter's shape
+    Tensor step;                        // i64 [1] on the parameter's device: the bias-correction count
+    Tensor master;                      // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
+    Tensor autocast_copy;               // AdamWOptions::autocast_copies: made at the first step; not saved
+    uint64_t copy_version = 0;          // the parameter's version when autocast_copy was last written
+    bool recast_before_replay = false;  // the captured step writes the parameter after its update
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
   std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
@@ -105,13 +109,15 @@ class AdamW : public Optimizer {
   // prepared_capture: the step is being captured by a CudaGraphStep that prepares its replays.
   Tensor autocast_copy_for(const Tensor& p, State& s, bool prepared_capture);
   // Hands s's copy of p, now written, to autocast (Note [Provided copies]).
-  static void provide_copy(const Tensor& p, State& s, bool kept_current_between_replays);
+  void provide_copy(const Tensor& p, State& s) const;
+  const void* provider() const;  // who provides the copies, as autocast knows it
+  // Whether s's copy still suits p: defined, and p still f32 of the copy's shape and device.
+  static bool copy_fits(const Tensor& p, const State& s);
   void upload_rates(const Tensor& rates) const;
 
   AdamWOptions options_;
   std::vector<std::vector<State>> state_;
   std::map<int, Tensor> rates_on_device_;
-  bool replays_prepared_ = false;  // prepare_replay() ran, and no eager step since
 };
 
 }  // namespace mt

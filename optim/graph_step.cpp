@@ -51,7 +51,7 @@ struct CudaGraphStep::Impl {
     {
       // run() prepares every replay (refresh_for_replay), so the captured step may read and
       // write the optimizers' autocast copies (Note [Provided copies]).
-      const autocast::ServeCopiesInCapture serve_copies;
+      const autocast::ServeCopiesInCapture serve_copies(std::vector<const void*>(optimizers.begin(), optimizers.end()));
       graph.capture(cuda::current_stream(device.index), step);
     }
     if (default_generator(device).offset() != offset) {
@@ -63,6 +63,7 @@ struct CudaGraphStep::Impl {
           "every replay would draw the same numbers. Run it without a CUDA Graph, or without random ops"));
     }
     captured_lrs = learning_rates();
+    for (Optimizer* opt : optimizers) opt->after_capture();
   }
 
   void check_learning_rates(const std::vector<bool>& refreshed) const {

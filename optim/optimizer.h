@@ -42,6 +42,8 @@ class Optimizer {
   // device memory up to date with the host values. Returns whether the learning rates are
   // read that way (then a schedule may change them between replays); the default: no.
   virtual bool prepare_replay() { return false; }
+  // Called by CudaGraphStep once a capture of the step has ended (and succeeded).
+  virtual void after_capture() {}
   std::vector<ParamGroup>& param_groups() { return groups_; }
 
   // Per-parameter state for checkpoints: "g<group>.p<index>.<name>" -> tensor (moments, step

@@ -531,8 +531,18 @@ void expect_graph_replays_give_the_eager_steps(bool graphed_copies) {
       r->x.copy_(ids.slice(1, 0, 15));
       r->y.copy_(ids.slice(1, 1, 16));
     }
+    const uint64_t before = autocast::cast_count();
     eager.step();
+    const uint64_t eager_casts = autocast::cast_count() - before;
     step.run();
+    const uint64_t graphed_casts = autocast::cast_count() - before - eager_casts;
+    if (i == 2) {  // the capture (after two eager warm-up steps): it reads AdamW's copies or casts as eager does
+      if (graphed_copies) {
+        EXPECT_LT(graphed_casts, eager_casts) << "the capture must take AdamW's copies of the weights";
+      } else {
+        EXPECT_EQ(graphed_casts, eager_casts);
+      }
+    }
     EXPECT_EQ(graphed.loss_out.item(), eager.loss_out.item()) << "step " << i;
   }
   EXPECT_TRUE(step.captured());

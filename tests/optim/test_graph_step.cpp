@@ -52,8 +52,10 @@ struct TinyTraining {
     scaler->scale(loss).backward();
     scaler->step(*opt);
     scaler->update();
+    if (after_update) after_update(*this);
     loss_out.copy_(loss.reshape({1}));
   }
+  std::function<void(TinyTraining&)> after_update;  // run inside the step, after the optimizer's
 
   // New data for step i, written into the same tensors.
   void load_batch(int i) {
@@ -112,21 +114,28 @@ TEST(CudaGraphStep, ReplaysGiveTheEagerStepsBitForBit) {
   EXPECT_EQ(flat(graphed), flat(eager));
 }
 
+// Casts autocast makes while `run` runs.
+uint64_t casts_in(const std::function<void()>& run) {
+  const uint64_t before = autocast::cast_count();
+  run();
+  return autocast::cast_count() - before;
+}
+
+// TinyTraining's forward casts its 4 weights and its input x; with AdamW's copies only x.
+constexpr uint64_t kWeightCasts = 4;
+
 // With AdamWOptions::autocast_copies the captured step, like the eager ones, reads the
-// optimizer's f16 copies of the weights and writes them in its update: it records no cast, and
-// every loss and parameter equals the casting run's. Between replays the copies stay current:
-// an eager step after replays takes them, a replay after eager steps reads theirs, and a
-// weight edited in place between replays has its copy cast again before the next replay reads it.
-TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForBit) {
-  MT_SKIP_WITHOUT_CUDA();
+// optimizer's f16 copies of the weights and writes them in its update: it records no weight
+// cast, and every loss and parameter equals the casting run's. Between replays the copies stay
+// current: an eager step after replays takes them, a replay after eager steps reads theirs, and
+// a weight edited in place between replays has its copy cast again before the next replay.
+// `after_update`, when set, writes weights inside the step after the update (their copies are
+// then cast again before every replay, and not taken by an eager step after one).
+void expect_replays_with_copies_match_the_casting_steps(const std::function<void(TinyTraining&)>& after_update) {
   TinyTraining cast(cuda_device(0), 7), graphed(cuda_device(0), 7, /*autocast_copies=*/true);
+  cast.after_update = graphed.after_update = after_update;
   CudaGraphStep step(cuda_device(0), [&] { graphed.step(); }, {graphed.opt.get()});
-  const auto casts_of = [](const std::function<void()>& run) {
-    const uint64_t before = autocast::cast_count();
-    run();
-    return autocast::cast_count() - before;
-  };
-  const auto expect_same = [&](const char* when) {
+  const auto expect_same = [&](const std::string& when) {
     EXPECT_EQ(graphed.loss_out.item(), cast.loss_out.item()) << when;
     EXPECT_EQ(flat(graphed), flat(cast)) << when;
   };
@@ -134,19 +143,25 @@ TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForB
   for (int i = 0; i < 6; ++i) {  // two eager warm-up steps, the capture, three replays
     cast.load_batch(i);
     graphed.load_batch(i);
-    cast_casts += casts_of([&] { cast.step(); });
-    graphed_casts += casts_of([&] { step.run(); });
-    expect_same("side by side");
+    cast_casts += casts_in([&] { cast.step(); });
+    graphed_casts += casts_in([&] { step.run(); });
+    expect_same("side by side, step " + std::to_string(i));
   }
-  EXPECT_TRUE(step.captured());
-  EXPECT_EQ(cast_casts, 6u * 4u);
-  EXPECT_EQ(graphed_casts, 4u) << "only the first step casts: the second eager step and the capture take the copies";
+  ASSERT_TRUE(step.captured());
+  ASSERT_EQ(cast_casts % 6, 0u);
+  const uint64_t per_step = cast_casts / 6, input_casts = per_step - kWeightCasts;
+  const uint64_t after_update_casts = after_update ? 2 : 0;  // the weights written after the update
+  // The first eager step casts every weight (no copy yet); the second, watched, takes the
+  // copies but those of weights written after the update, the capture takes every copy, and
+  // the replays cast nothing on the host.
+  EXPECT_EQ(graphed_casts, per_step + 2 * input_casts + after_update_casts) << "the capture must read AdamW's copies";
 
-  // An eager step after the replays takes the copies the last replay wrote.
+  // An eager step after the replays takes the copies the last replay wrote (but those of
+  // weights the step writes after the update).
   cast.load_batch(6);
   graphed.load_batch(6);
   cast.step();
-  EXPECT_EQ(casts_of([&] { graphed.step(); }), 0u) << "the replays keep the copies current";
+  EXPECT_EQ(casts_in([&] { graphed.step(); }), input_casts + after_update_casts);
   expect_same("an eager step after replays");
   // A replay after that eager step reads the copies it wrote.
   cast.load_batch(7);
@@ -154,7 +169,7 @@ TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForB
   cast.step();
   step.run();
   expect_same("a replay after an eager step");
-  // A weight written between replays: prepare_replay casts its copy again.
+  // Weights written between replays: prepare_replay casts their copies again.
   {
     NoGradGuard no_grad;
     for (TinyTraining* t : {&cast, &graphed}) {
@@ -162,30 +177,50 @@ TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForB
       t->b2.copy_(t->b2 + 0.25);
     }
   }
-  for (int i = 8; i < 10; ++i) {
+  for (int i = 8; i < 11; ++i) {
     cast.load_batch(i);
     graphed.load_batch(i);
     cast.step();
     step.run();
-    expect_same("replays after weights were edited in place");
+    expect_same("replay " + std::to_string(i - 7) + " after weights were edited in place");
   }
 }
 
-// A CUDA Graph captured other than by CudaGraphStep has nobody to keep the copies current
-// between its replays: it casts the weights, and AdamW stepping inside it withdraws its copies.
-TEST(CudaGraphStep, ACaptureWithoutCudaGraphStepCastsTheWeights) {
+TEST(CudaGraphStep, ReplaysReadAdamWsAutocastCopiesAndGiveTheCastingStepsBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
-  TinyTraining t(cuda_device(0), 5, /*autocast_copies=*/true);
+  expect_replays_with_copies_match_the_casting_steps(nullptr);
+}
+
+// The step shrinks two weights after the update: each replay leaves their copies behind, so
+// they are cast again before the next one, and an eager step after a replay casts them.
+TEST(CudaGraphStep, WeightsWrittenAfterTheUpdateInsideTheStepHaveTheirCopiesCastAgain) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_replays_with_copies_match_the_casting_steps([](TinyTraining& t) {
+    NoGradGuard no_grad;
+    t.w2.copy_(t.w2 * 0.9);
+    t.b1.copy_(t.b1 * 0.5);
+  });
+}
+
+// A capture other than CudaGraphStep's has nobody to keep the copies current between its
+// replays: it casts the weights, and AdamW stepping inside it withdraws its copies. So does a
+// CudaGraphStep that is not given the optimizer.
+TEST(CudaGraphStep, ACaptureThatDoesNotPrepareTheOptimizerCastsTheWeights) {
+  MT_SKIP_WITHOUT_CUDA();
+  TinyTraining cast(cuda_device(0), 5), t(cuda_device(0), 5, /*autocast_copies=*/true);
+  cast.load_batch(0);
   t.load_batch(0);
+  const uint64_t per_step = casts_in([&] { cast.step(); }), input_casts = per_step - kWeightCasts;
   t.step();
-  t.step();
+  EXPECT_EQ(casts_in([&] { t.step(); }), input_casts) << "the eager step takes the copies";
   cuda::Graph graph;
-  const uint64_t before = autocast::cast_count();
-  graph.capture(cuda::current_stream(0), [&] { t.step(); });
-  EXPECT_EQ(autocast::cast_count() - before, 4u);
-  const uint64_t after_capture = autocast::cast_count();
-  t.step();
-  EXPECT_EQ(autocast::cast_count() - after_capture, 4u) << "the capture withdrew the copies";
+  EXPECT_EQ(casts_in([&] { graph.capture(cuda::current_stream(0), [&] { t.step(); }); }), per_step);
+  EXPECT_EQ(casts_in([&] { t.step(); }), per_step) << "the capture withdrew the copies";
+  CudaGraphStep without_optimizer(
+      cuda_device(0), [&] { t.step(); }, /*optimizers=*/{}, /*warmup=*/1);
+  t.step();                                                            // writes the copies again
+  EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), input_casts);  // the warm-up: eager
+  EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), per_step) << "a CudaGraphStep not given the optimizer";
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a
