@@ -32,11 +32,12 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     for (const Tensor& p : g.params) {
       MT_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
       const TensorOptions opts = TensorOptions().dtype(moment_dtype(p)).device(p.device());
-      const bool narrow = is_half(p.dtype());
-      Tensor master = options.master_weights() && narrow ? raw::to(p, DType::f32) : Tensor();
-      states.push_back(State{zeros(p.shape(), opts), zeros(p.shape(), opts),
-                             zeros({1}, TensorOptions().dtype(DType::i64).device(p.device())), master,
-                             /*autocast_copy=*/Tensor()});
+      State s;
+      s.exp_avg = zeros(p.shape(), opts);
+      s.exp_avg_sq = zeros(p.shape(), opts);
+      s.step = zeros({1}, TensorOptions().dtype(DType::i64).device(p.device()));
+      if (options.master_weights() && is_half(p.dtype())) s.master = raw::to(p, DType::f32);
+      states.push_back(std::move(s));
     }
     state_.push_back(std::move(states));
   }
@@ -125,6 +126,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
 
 void AdamW::provide_copy(const Tensor& p, State& s) const {
   s.copy_version = p.version();
+  s.copy_storage = p.storage();
   autocast::provide_copy(p, s.autocast_copy, provider());
 }
 
@@ -135,13 +137,23 @@ bool AdamW::copy_fits(const Tensor& p, const State& s) {
   return copy.defined() && p.dtype() == DType::f32 && p.shape() == copy.shape() && p.device() == copy.device();
 }
 
+bool AdamW::copy_current(const Tensor& p, const State& s) {
+  return p.version() == s.copy_version && s.copy_storage.lock() == p.storage();
+}
+
 Tensor AdamW::autocast_copy_for(const Tensor& p, State& s, bool prepared_capture) {
   const std::optional<DType>& dtype = options_.autocast_copies();
-  if (!dtype || p.dtype() != DType::f32) return Tensor();
+  if (!dtype || p.dtype() != DType::f32 || s.copies_off) return Tensor();
   // Note [Provided copies]: a capture writes the copies only where its replays are prepared,
   // and only into copies an eager step made (their memory must outlive the graph).
   if (cuda::capturing() && (!prepared_capture || !s.autocast_copy.defined())) {
     autocast::withdraw_copy(p, *dtype);
+    // The replays rewrite p and no copy: a graph that reads the copy needs it cast again
+    // before each of its replays. Replays that nobody prepares rewrite p whenever they run,
+    // so that from now on no copy of p can be known to be current outside a replay either:
+    // steps make none (the copy is kept only for graphs already captured to read).
+    s.recast_before_replay = true;
+    if (!prepared_capture) s.copies_off = true;
     return Tensor();
   }
   if (!s.autocast_copy.defined()) s.autocast_copy = empty(p.shape(), TensorOptions().dtype(*dtype).device(p.device()));
@@ -189,7 +201,7 @@ bool AdamW::prepare_replay() {
         s.autocast_copy = Tensor();
         continue;
       }
-      if (s.recast_before_replay || p.version() != s.copy_version) s.autocast_copy.copy_(p);
+      if (s.recast_before_replay || !copy_current(p, s)) s.autocast_copy.copy_(p);
       p.bump_version();
       s.autocast_copy.bump_version();
       if (s.recast_before_replay) {
@@ -204,11 +216,12 @@ bool AdamW::prepare_replay() {
 
 void AdamW::after_capture() {
   // A parameter whose version moved after its copy was provided in the capture is written
-  // by the captured step after its update: each replay leaves its copy behind.
+  // by the captured step after its update: each replay leaves its copy behind. Once so, for
+  // good: another graph of this optimizer may still be replayed.
   for (size_t g = 0; g < state_.size(); ++g) {
     for (size_t i = 0; i < state_[g].size(); ++i) {
       State& s = state_[g][i];
-      s.recast_before_replay = s.autocast_copy.defined() && groups_[g].params[i].version() != s.copy_version;
+      if (s.autocast_copy.defined() && !copy_current(groups_[g].params[i], s)) s.recast_before_replay = true;
     }
   }
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -87,12 +88,18 @@ class AdamW : public Optimizer {
   void after_capture() override;
 
   struct State {
-    Tensor exp_avg, exp_avg_sq;         // f32 (f64 for f64 params), the parameter's shape
-    Tensor step;                        // i64 [1] on the parameter's device: the bias-correction count
-    Tensor master;                      // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
-    Tensor autocast_copy;               // AdamWOptions::autocast_copies: made at the first step; not saved
-    uint64_t copy_version = 0;          // the parameter's version when autocast_copy was last written
-    bool recast_before_replay = false;  // the captured step writes the parameter after its update
+    Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
+    Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
+    Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
+    Tensor autocast_copy;        // AdamWOptions::autocast_copies: made at the first step; not saved
+    // The parameter's storage and version when autocast_copy was last written.
+    std::weak_ptr<Storage> copy_storage;
+    uint64_t copy_version = 0;
+    // A captured step rewrites the parameter but not the copy (it writes the parameter after
+    // its update, or had no copy to write): the copy is cast again before every replay.
+    bool recast_before_replay = false;
+    // A capture that nobody prepares took the parameter's update: no step writes its copy again.
+    bool copies_off = false;
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
   std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
@@ -113,6 +120,8 @@ class AdamW : public Optimizer {
   const void* provider() const;  // who provides the copies, as autocast knows it
   // Whether s's copy still suits p: defined, and p still f32 of the copy's shape and device.
   static bool copy_fits(const Tensor& p, const State& s);
+  // Whether s's copy was written from p as p is now (the same storage, at the same version).
+  static bool copy_current(const Tensor& p, const State& s);
   void upload_rates(const Tensor& rates) const;
 
   AdamWOptions options_;

@@ -202,25 +202,52 @@ TEST(CudaGraphStep, WeightsWrittenAfterTheUpdateInsideTheStepHaveTheirCopiesCast
   });
 }
 
-// A capture other than CudaGraphStep's has nobody to keep the copies current between its
-// replays: it casts the weights, and AdamW stepping inside it withdraws its copies. So does a
-// CudaGraphStep that is not given the optimizer.
-TEST(CudaGraphStep, ACaptureThatDoesNotPrepareTheOptimizerCastsTheWeights) {
-  MT_SKIP_WITHOUT_CUDA();
+// A capture that nobody prepares (a bare cuda::Graph, or a CudaGraphStep not given the
+// optimizer) casts the weights, and AdamW stepping inside it stops writing copies for good:
+// its replays may rewrite the weights at any time, behind the host's back.
+// `capture` returns how many steps it ran; the casting twin runs as many, and the two then
+// take two more eager steps, bit for bit alike.
+void expect_an_unprepared_capture_ends_the_copies(
+    const std::function<int(TinyTraining& t, uint64_t per_step, uint64_t input_casts)>& capture) {
   TinyTraining cast(cuda_device(0), 5), t(cuda_device(0), 5, /*autocast_copies=*/true);
   cast.load_batch(0);
   t.load_batch(0);
   const uint64_t per_step = casts_in([&] { cast.step(); }), input_casts = per_step - kWeightCasts;
+  cast.step();
   t.step();
-  EXPECT_EQ(casts_in([&] { t.step(); }), input_casts) << "the eager step takes the copies";
-  cuda::Graph graph;
-  EXPECT_EQ(casts_in([&] { graph.capture(cuda::current_stream(0), [&] { t.step(); }); }), per_step);
-  EXPECT_EQ(casts_in([&] { t.step(); }), per_step) << "the capture withdrew the copies";
-  CudaGraphStep without_optimizer(
-      cuda_device(0), [&] { t.step(); }, /*optimizers=*/{}, /*warmup=*/1);
-  t.step();                                                            // writes the copies again
-  EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), input_casts);  // the warm-up: eager
-  EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), per_step) << "a CudaGraphStep not given the optimizer";
+  EXPECT_EQ(casts_in([&] { t.step(); }), input_casts) << "an eager step takes the copies";
+  for (int ran = capture(t, per_step, input_casts); ran > 0; --ran) cast.step();
+  for (int i = 1; i <= 2; ++i) {
+    cast.load_batch(i);
+    t.load_batch(i);
+    cast.step();
+    EXPECT_EQ(casts_in([&] { t.step(); }), per_step) << "no copy after the capture, step " << i;
+    EXPECT_EQ(t.loss_out.item(), cast.loss_out.item()) << "step " << i;
+    EXPECT_EQ(flat(t), flat(cast)) << "step " << i;
+  }
+}
+
+TEST(CudaGraphStep, ABareCaptureCastsTheWeightsAndEndsTheCopies) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_an_unprepared_capture_ends_the_copies([](TinyTraining& t, uint64_t per_step, uint64_t) {
+    cuda::Graph graph;
+    EXPECT_EQ(casts_in([&] { graph.capture(cuda::current_stream(0), [&] { t.step(); }); }), per_step);
+    graph.replay(cuda::current_stream(0));
+    graph.replay(cuda::current_stream(0));
+    return 2;
+  });
+}
+
+TEST(CudaGraphStep, AStepNotGivenTheOptimizerCastsTheWeightsAndEndsTheCopies) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_an_unprepared_capture_ends_the_copies([](TinyTraining& t, uint64_t per_step, uint64_t input_casts) {
+    CudaGraphStep without_optimizer(
+        cuda_device(0), [&] { t.step(); }, /*optimizers=*/{}, /*warmup=*/1);
+    EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), input_casts);  // the warm-up: eager
+    EXPECT_EQ(casts_in([&] { without_optimizer.run(); }), per_step);     // the capture, then a replay
+    without_optimizer.run();
+    return 3;
+  });
 }
 
 // What a replay cannot honour is an error naming the fix; one test per case, so that a
