@@ -41,6 +41,25 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
   f(0, n);
 }
 
+// Marks a loop whose iterations are independent so that the compiler vectorises it (OpenMP's
+// simd directive; without OpenMP, nothing).
+#ifdef _OPENMP
+#define MT_SIMD_LOOP _Pragma("omp simd")
+#else
+#define MT_SIMD_LOOP
+#endif
+
+// Calls f(i) for every i in [0, n): chunks on several threads when n is large, each chunk one
+// vectorisable loop. For operands that are dense and laid out alike (ops/loops.h), where element
+// i of each sits at offset i; f must not carry anything from one i to the next.
+template <typename F>
+void for_each_dense(int64_t n, F&& f) {
+  parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+    MT_SIMD_LOOP
+    for (int64_t i = begin; i < end; ++i) f(i);
+  });
+}
+
 template <size_t N>
 class StridedWalk {
  public:

@@ -17,10 +17,13 @@
 //                  W [vocab, width], forward + backward (the fused op; PyTorch's twin forms the logits)
 //   adamw          one AdamW step over GPT-2's parameter set (--layers blocks; --adamw-dtype, f32 by
 //                  default as mixed-precision training keeps its parameters)
-// and, only when --ops names it, a reference for the norm's line:
+// and, only when --ops names them:
 //   norm_bytes     layer_norm's rows moved by plain element-wise kernels in the same two steps:
 //                  y = x * 1 (reads x, writes y), then dx = dy + x (reads dy and x, writes dx);
 //                  what streaming those bytes alone takes at this size, launches and ramps included
+//   gelu           gelu(x, tanh), the MLP's activation, x [rows, 4 width], forward + backward of a
+//                  random dy (on the CPU: the element loops, `--device cpu --dtype f32 --ops gelu
+//                  --rows 1024 --width 128` is the CPU demo's [1024, 512])
 //
 // Floors. First the device's GEMM rate (a --rate-size cube matmul in --dtype) and its copy bandwidth
 // (a --copy-mib device-to-device copy, read + write bytes) are measured; then each op's floor is
@@ -57,7 +60,7 @@ namespace {
 
 const std::vector<std::string> kOps = {"gemm",      "gemm_bias",      "layer_norm",    "add_layer_norm",
                                        "attention", "attention_bthd", "cross_entropy", "adamw"};
-const std::vector<std::string> kReferenceOps = {"norm_bytes"};  // run only when named
+const std::vector<std::string> kReferenceOps = {"norm_bytes", "gelu"};  // run only when named
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
@@ -302,6 +305,31 @@ Measurement bench_add_layer_norm(const Timing& timing, mt::DType dtype, const Sh
   const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
   const double es = static_cast<double>(mt::element_size(dtype));
   m.bytes = (5 * 4 + 4 * es) * R * C + 4 * 5 * C + 2 * 2 * R * 4;
+  return m;
+}
+
+// GELU in GPT-2's tanh form over the MLP's hidden rows.
+Measurement bench_gelu(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(6);
+  const int64_t hidden = 4 * s.width;
+  std::vector<mt::Tensor> x, dy;  // per input set: [R, 4 C] each
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, hidden}, on(timing.device, dtype, true), &generator));
+    dy.push_back(mt::randn({s.rows, hidden}, on(timing.device, dtype), &generator));
+  }
+  Measurement m;
+  m.op = "gelu";
+  m.shape = mt::shape_str(x[0].shape()) + " tanh fwd+bwd";
+  m.ms = time_op_ms(
+      timing, timing.sets,
+      [&](int64_t k) {
+        mt::gelu(x[k], mt::GeluApproximation::tanh).backward(dy[k]);
+        clear_grads({x[k]});
+      },
+      &m);
+  // Bytes: forward reads x and writes y; backward reads dy and x and writes dx.
+  m.bytes =
+      static_cast<double>(mt::element_size(dtype)) * 5 * static_cast<double>(s.rows) * static_cast<double>(hidden);
   return m;
 }
 
@@ -559,6 +587,8 @@ int main(int argc, char** argv) {
         m = bench_attention(timing, dtype, s, /*bthd=*/op == "attention_bthd");
       } else if (op == "cross_entropy") {
         m = bench_cross_entropy(timing, dtype, s);
+      } else if (op == "gelu") {
+        m = bench_gelu(timing, dtype, s);
       } else {
         m = bench_adamw(timing, adamw_dtype, s);
       }
