@@ -39,13 +39,11 @@ void adamw_cpu(const AdamWTensors& t, const AdamWArgs& args, const Tensor& found
     A* v = static_cast<A*>(t.exp_avg_sq.data_ptr());
     A* master = t.master.defined() ? static_cast<A*>(t.master.data_ptr()) : nullptr;
     // Each element's update is its own: split across the cores, the values are the same.
-    cpu::parallel_for(t.param.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        A pv = master ? master[i] : convert<A>(p[i]);
-        adamw_update<A>(pv, convert<A>(g[i]), m[i], v[i], c);
-        if (master) master[i] = pv;
-        p[i] = convert<T>(pv);
-      }
+    cpu::for_each_dense(t.param.numel(), [&](int64_t i) {
+      A pv = master ? master[i] : convert<A>(p[i]);
+      adamw_update<A>(pv, convert<A>(g[i]), m[i], v[i], c);
+      if (master) master[i] = pv;
+      p[i] = convert<T>(pv);
     });
   });
 }
