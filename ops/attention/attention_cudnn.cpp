@@ -43,6 +43,16 @@ Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
   return empty({bhtd[0], bhtd[2], bhtd[1], bhtd[3]}, TensorOptions().dtype(dtype).device(device)).transpose(1, 2);
 }
 
+// An empty [B, H, T, D] tensor laid out as `like`: contiguous when like is (PyTorch's convention
+// for the heads), else stored [B, T, H, D] (heads split from one projection, or any other view).
+// The output and the gradients take their operands' layout: cuDNN's kernels ran contiguous
+// [B, H, T, D] operands with [B, T, H, D] outputs and gradients at half the speed of one layout
+// throughout.
+Tensor empty_heads_like(const Tensor& like) {
+  if (like.is_contiguous()) return empty(like.shape(), TensorOptions().dtype(like.dtype()).device(like.device()));
+  return empty_bthd(like.shape(), like.dtype(), like.device());
+}
+
 std::shared_ptr<fe::graph::Tensor_attributes> graph_tensor(fe::graph::Graph& g, const char* name, int64_t uid,
                                                            const Tensor& t) {
   return g.tensor(
@@ -129,7 +139,7 @@ CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tens
   const int device = q.device().index;
   cuda::DeviceGuard on_device(device);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2);
-  CudnnSdpaForward result{empty_bthd(q.shape(), q.dtype(), q.device()),
+  CudnnSdpaForward result{empty_heads_like(q),
                           empty({B, H, Tq, 1}, TensorOptions().dtype(DType::f32).device(q.device()))};
   const bool dropout = p.dropout_p > 0.0;
   BuiltGraph& built = cached_graph(problem_key("fwd", {q, k, v, result.out}, p), device, [&] {
@@ -172,7 +182,7 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
   // dO in the output's layout (it usually arrives so, from the heads' merge).
   Tensor grad_out = grad_out_in;
   if (grad_out.strides() != out.strides() || grad_out.dtype() != out.dtype()) {
-    grad_out = empty_bthd(out.shape(), out.dtype(), out.device());
+    grad_out = empty_heads_like(out);
     grad_out.copy_(grad_out_in);
   }
   // q, k and v split from one fused projection get their gradients in one buffer laid out
@@ -181,8 +191,7 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
   if (std::vector<Tensor> windows = empty_windows_like({q, k, v}); !windows.empty()) {
     grads = {windows[0], windows[1], windows[2]};
   } else {
-    grads = {empty_bthd(q.shape(), q.dtype(), q.device()), empty_bthd(k.shape(), k.dtype(), k.device()),
-             empty_bthd(v.shape(), v.dtype(), v.device())};
+    grads = {empty_heads_like(q), empty_heads_like(k), empty_heads_like(v)};
   }
   const bool dropout = p.dropout_p > 0.0;
   BuiltGraph& built =

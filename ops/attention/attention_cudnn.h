@@ -5,7 +5,8 @@
 //
 //   q     // [B, H, Tq, D]    any strides with the last one 1 (e.g. a view of a [B, T, 3C] qkv)
 //   k, v  // [B, H, Tk, D]
-//   out   // [B, H, Tq, D]    stored as [B, Tq, H, D], so merging the heads back is free
+//   out   // [B, H, Tq, D]    contiguous when q is; else stored as [B, Tq, H, D], so merging
+//         //                  the heads back is free (the gradients take q's, k's and v's layouts so)
 //   stats // [B, H, Tq, 1]    f32 log-sum-exp of each row, for the backward
 // Dropout draws from cuDNN's Philox with the caller's (seed, offset): the same pair in the
 // backward (and in a checkpoint's recomputation) gives the same mask.

@@ -2,6 +2,7 @@
 // heads as strided views of a fused qkv, and dropout whose backward uses the forward's mask.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/view.h"
 #include "ops/attention/attention.h"
@@ -55,9 +56,42 @@ TEST(AttentionCudnn, MatchesTheF64ReferenceForwardAndBackward) {
   }
 }
 
+// Contiguous [B, H, T, D] operands (PyTorch's convention): the output and the gradients keep that
+// layout (cuDNN's kernels run one layout throughout at full speed), and match the f64 reference.
+TEST(AttentionCudnn, ContiguousHeadsKeepTheirLayoutAndMatchTheF64Reference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda");
+  Generator gen(5);
+  const Shape shape = {2, 4, 128, 64};
+  std::vector<Tensor> ref_leaves, dev_leaves;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor t = randn(shape, DType::f64, &gen);
+    ref_leaves.push_back(t.detach().requires_grad_());
+    dev_leaves.push_back(t.to(DType::bf16).to(gpu).requires_grad_());
+  }
+  const Tensor grad_out = randn(shape, DType::f64, &gen);
+  const std::string unsupported = ops::cudnn_sdpa_unsupported(dev_leaves[0], dev_leaves[1], dev_leaves[2]);
+  if (!unsupported.empty()) GTEST_SKIP() << "cuDNN fused attention unavailable: " << unsupported;
+
+  const Tensor ref = scaled_dot_product_attention(ref_leaves[0], ref_leaves[1], ref_leaves[2], true);
+  sum(mul(ref, grad_out)).backward();
+  const Tensor out = scaled_dot_product_attention(dev_leaves[0], dev_leaves[1], dev_leaves[2], true);
+  EXPECT_TRUE(out.is_contiguous()) << "output strides " << shape_str(out.strides());
+  sum(mul(out, grad_out.to(DType::bf16).to(gpu))).backward();
+
+  EXPECT_LE(relative_l2(out.to(kCPU), ref), 2e-2) << "output";
+  const char* names[] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    const Tensor g = dev_leaves[static_cast<size_t>(i)].grad();
+    EXPECT_TRUE(g.is_contiguous()) << names[i] << " gradient strides " << shape_str(g.strides());
+    EXPECT_LE(relative_l2(g.to(kCPU), ref_leaves[static_cast<size_t>(i)].grad()), 2e-2) << names[i] << " gradient";
+  }
+}
+
 // q, k, v split from one [B, T, 3C] tensor get their gradients written by cuDNN into one
 // buffer laid out as that tensor, which split's backward passes on without a copy. Against the
-// same values as three separate [B, H, T, D] leaves: bitwise equal (deterministic backward).
+// same values as three separate leaves stored [B, T, C] (the same layout, so the same kernels):
+// bitwise equal (deterministic backward).
 TEST(AttentionCudnn, SplitQkvGradientIsBitwiseTheSeparateOperandsGradients) {
   MT_SKIP_WITHOUT_CUDA();
   const backends::DeterministicGuard deterministic;
@@ -81,12 +115,12 @@ TEST(AttentionCudnn, SplitQkvGradientIsBitwiseTheSeparateOperandsGradients) {
   ASSERT_TRUE(dq.defined() && dx.defined());
   EXPECT_TRUE(dx.shares_storage_with(dq)) << "split's backward copied the gradients";
 
-  std::vector<Tensor> separate;
-  for (const Tensor& piece : pieces) separate.push_back(heads(piece).detach().contiguous().requires_grad_());
-  const Tensor ref = scaled_dot_product_attention(separate[0], separate[1], separate[2], true);
+  std::vector<Tensor> separate;  // [B, T, C] leaves
+  for (const Tensor& piece : pieces) separate.push_back(piece.detach().contiguous().requires_grad_());
+  const Tensor ref = scaled_dot_product_attention(heads(separate[0]), heads(separate[1]), heads(separate[2]), true);
   sum(mul(ref, grad_out)).backward();
-  std::vector<Tensor> ref_grads;  // back to [B, T, C] each, then side by side
-  for (const Tensor& s : separate) ref_grads.push_back(s.grad().transpose(1, 2).reshape({B, T, C}));
+  std::vector<Tensor> ref_grads;  // side by side
+  for (const Tensor& s : separate) ref_grads.push_back(s.grad());
 
   EXPECT_EQ(out.to_vector<double>(), ref.to_vector<double>()) << "output";
   EXPECT_EQ(qkv.grad().to_vector<double>(), cat(ref_grads, 2).to_vector<double>()) << "qkv gradient";
