@@ -51,6 +51,8 @@ void empty_cache(int) { no_cuda("empty_cache"); }
 void copy_bytes(void*, const void*, size_t, CopyKind, int) { no_cuda("copy to or from a CUDA device"); }
 
 bool capturing() { return false; }
+DependentLaunchScope::DependentLaunchScope() = default;
+DependentLaunchScope::~DependentLaunchScope() = default;
 Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;

@@ -246,6 +246,13 @@ void internal::set_capture_ledger(internal::CaptureLedger* ledger) { t_capture_l
 
 bool capturing() { return t_capture_ledger != nullptr && t_capture_ledger->capturing; }
 
+namespace {
+thread_local int t_dependent_launch_scopes = 0;
+}  // namespace
+
+DependentLaunchScope::DependentLaunchScope() { ++t_dependent_launch_scopes; }
+DependentLaunchScope::~DependentLaunchScope() { --t_dependent_launch_scopes; }
+
 // ---- a captured stream's kernels kept adjacent ----
 // Captured, cudaMallocAsync and cudaFreeAsync become memory nodes in the stream's chain, between
 // the kernel before them and the kernel after, and a programmatic dependent launch
@@ -254,13 +261,16 @@ bool capturing() { return t_capture_ledger != nullptr && t_capture_ledger->captu
 // a graph (globaltimer stamps): the second's first block started 1.9 us before the first's last
 // block ended and its wait returned 0.4 us after; with an allocation or a free captured between
 // them, +0.7 and +0.8 us, as without the dependent launch. So on the capturing stream the
-// allocator keeps its nodes beside the chain. An allocation node follows only the free nodes set
-// aside earlier whose memory no running kernel may still use (the stream has moved past the
-// nodes they followed), and the stream goes on from its nodes and the allocation. A free node
-// follows the stream's nodes, as captured, and the stream goes on from those nodes, not from it.
-// The graph still orders every free after the last use of its memory and every allocation after
-// the frees whose memory it may take, so its memory is reused as before (the same high-water
-// mark in that test), except memory freed since the last kernel.
+// allocator keeps its nodes beside the chain where a dependent launch may follow. A free node
+// follows the stream's nodes, as captured, and the stream goes on from those nodes, not from it;
+// the next allocation is ordered after it. Inside a DependentLaunchScope an allocation node
+// follows only the free nodes set aside whose memory no running kernel may still use (the stream
+// has moved past the nodes they followed), and the stream goes on from its nodes and the
+// allocation; elsewhere an allocation follows the stream's nodes and every free set aside, and
+// the stream goes on from it, as captured. The graph still orders every free after the last use
+// of its memory and every allocation after the frees whose memory it may take, so its memory is
+// reused as before (the same high-water mark in that test), except memory freed since the last
+// kernel inside a scope.
 namespace {
 
 struct CaptureDependencies {
@@ -332,6 +342,20 @@ cudaError_t malloc_beside_chain(void** ptr, size_t nbytes, cudaStream_t stream, 
   return status;
 }
 
+// An allocation in the chain, ordered after every free set aside (all of them: the kernel after
+// it waits for the one before anyway).
+cudaError_t malloc_after_aside_frees(void** ptr, size_t nbytes, cudaStream_t stream, internal::CaptureLedger& ledger) {
+  CaptureDependencies deps;
+  if (ledger.aside_frees.empty() || !capture_dependencies(stream, &deps)) return cudaMallocAsync(ptr, nbytes, stream);
+  for (const internal::CaptureLedger::AsideFree& f : ledger.aside_frees) {
+    deps.nodes.push_back(f.node);
+    deps.edges.push_back(cudaGraphEdgeData{});
+  }
+  ledger.aside_frees.clear();
+  set_capture_dependencies(stream, deps);
+  return cudaMallocAsync(ptr, nbytes, stream);
+}
+
 cudaError_t free_beside_chain(void* ptr, cudaStream_t stream, internal::CaptureLedger& ledger) {
   CaptureDependencies chain;
   if (!capture_dependencies(stream, &chain)) return cudaFreeAsync(ptr, stream);
@@ -363,8 +387,14 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
   void* ptr = nullptr;
-  cudaError_t status = chain_capture(stream, device) ? malloc_beside_chain(&ptr, nbytes, stream, *t_capture_ledger)
-                                                     : cudaMallocAsync(&ptr, nbytes, stream);
+  cudaError_t status = cudaSuccess;
+  if (!chain_capture(stream, device)) {
+    status = cudaMallocAsync(&ptr, nbytes, stream);
+  } else if (t_dependent_launch_scopes > 0) {
+    status = malloc_beside_chain(&ptr, nbytes, stream, *t_capture_ledger);
+  } else {
+    status = malloc_after_aside_frees(&ptr, nbytes, stream, *t_capture_ledger);
+  }
   if (status == cudaErrorMemoryAllocation && !capturing()) {
     // The pool may hold blocks freed on other streams: return them to the driver
     // and try once more before giving up (not while capturing: that would synchronise).

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "core/cuda_context.h"
 #include "ops/common.h"
 #include "ops/elementwise/functors.h"
 #include "ops/map.h"
@@ -95,6 +96,9 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
   const bool residual = delta.defined();
   const char* op = op_name(kind, residual);
   validate(op, x, weight, bias, eps);
+  // The CUDA kernels are programmatic dependents of the kernel before them: their outputs'
+  // allocations must not come between (in a captured graph).
+  const cuda::DependentLaunchScope dependent_launch;
   if (residual) validate_delta(op, x, delta);
   MT_CHECK_T(DTypeError, is_floating(out_dtype), op, ": the output dtype must be floating, got ",
              dtype_name(out_dtype));
@@ -144,6 +148,7 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
       residual ? (kind == NormKind::layer ? "AddLayerNormBackward" : "AddRmsNormBackward")
                : (kind == NormKind::layer ? "LayerNormBackward" : "RmsNormBackward"),
       [kind, op, rows, cols, residual, params](const std::vector<Tensor>& g, const LambdaNode& self) {
+        const cuda::DependentLaunchScope dependent_launch;  // as in the forward
         auto saved = [&](size_t i) { return self.saved[i].defined() ? self.unpack(i) : Tensor(); };
         const NormSaved kept{saved(0), saved(1), saved(2), saved(3)};
         const DType x_dtype = self.input_meta[0].dtype;

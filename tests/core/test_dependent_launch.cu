@@ -45,35 +45,47 @@ TEST(CudaGraphs, DependentKernelsOverlapAcrossCapturedAllocationsAndFrees) {
                     "MT_DEPENDENT_LAUNCH not 0)";
   }
   const mt::cuda::Stream stream = mt::cuda::current_stream(device);
-  const size_t stamp_bytes = 6 * sizeof(uint64_t);
+  constexpr int kKernels = 4;
+  const size_t stamp_bytes = 2 * kKernels * sizeof(uint64_t);
   auto* stamps = static_cast<uint64_t*>(mt::cuda::allocate(stamp_bytes, device, stream.handle()));
   const uint64_t busy_ns = 200 * 1000;  // long enough that a late start cannot pass for overlap
   const auto launch = [&](int k, void* scratch, uint64_t ns) {
     mt::cuda::launch_dependent(stamped_kernel, dim3(1), dim3(1), 0, stream.handle(), device, stamps + 2 * k,
                                static_cast<unsigned char*>(scratch), ns);
   };
+  const size_t bytes = 1 << 20;
   mt::cuda::Graph graph;
   graph.capture(stream, [&] {
     launch(0, nullptr, busy_ns);
-    void* scratch = mt::cuda::allocate(1 << 20, device, stream.handle());  // an allocation node between 0 and 1
-    launch(1, scratch, busy_ns);
-    mt::cuda::deallocate(scratch, 1 << 20, device, stream.handle());  // a free node between 1 and 2
-    launch(2, nullptr, 0);
+    void* scoped = nullptr;
+    {
+      const mt::cuda::DependentLaunchScope scope;  // an allocation node between 0 and 1, beside the chain
+      scoped = mt::cuda::allocate(bytes, device, stream.handle());
+    }
+    launch(1, scoped, busy_ns);
+    mt::cuda::deallocate(scoped, bytes, device, stream.handle());  // a free node between 1 and 2
+    launch(2, nullptr, busy_ns);
+    void* plain = mt::cuda::allocate(bytes, device, stream.handle());  // outside a scope: in the chain
+    launch(3, plain, 0);
+    mt::cuda::deallocate(plain, bytes, device, stream.handle());
   });
   // The first replay also maps the graph's memory: the stamps are read after the third.
-  std::vector<uint64_t> t(6);
+  std::vector<uint64_t> t(2 * kKernels);
+  const auto start_after_end_us = [&](int k) {
+    return (static_cast<double>(t[2 * k]) - static_cast<double>(t[2 * k - 1])) / 1000.0;
+  };
   for (int replay = 0; replay < 3; ++replay) {
     graph.replay(stream);
     MT_CUDA_CHECK(cudaMemcpyAsync(t.data(), stamps, stamp_bytes, cudaMemcpyDeviceToHost, stream.handle()));
     MT_CUDA_CHECK(cudaStreamSynchronize(stream.handle()));
-    std::printf("replay %d: kernel 1 started %+.2f us and kernel 2 %+.2f us from the end of the kernel before it\n",
-                replay, (static_cast<double>(t[2]) - static_cast<double>(t[1])) / 1000.0,
-                (static_cast<double>(t[4]) - static_cast<double>(t[3])) / 1000.0);
+    std::printf("replay %d: kernels 1, 2, 3 started %+.2f, %+.2f, %+.2f us from the end of the kernel before\n", replay,
+                start_after_end_us(1), start_after_end_us(2), start_after_end_us(3));
   }
   mt::cuda::deallocate(stamps, stamp_bytes, device, stream.handle());
-  EXPECT_LT(t[2], t[1]) << "the kernel after a captured allocation started only after the kernel before it ended";
-  EXPECT_LT(t[4], t[3]) << "the kernel after a captured free started only after the kernel before it ended";
-  EXPECT_GE(t[4], t[1]) << "a kernel ran before the kernel two before it had ended";  // the chain holds
+  EXPECT_LT(start_after_end_us(1), 0) << "the kernel after an allocation in a DependentLaunchScope waited";
+  EXPECT_LT(start_after_end_us(2), 0) << "the kernel after a free waited";
+  EXPECT_GE(start_after_end_us(3), 0) << "the kernel after an allocation outside a scope started early";
+  EXPECT_GE(t[4], t[1]) << "kernel 2 started before kernel 0 had ended";  // the chain holds
 }
 
 }  // namespace
