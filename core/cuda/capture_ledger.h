@@ -26,14 +26,14 @@ struct CaptureLedger {
   // Memory made before the capture and released during it, on the capturing stream: a graph
   // may free only its own allocations, so these are freed after the capture has ended.
   std::vector<DeferredFree> deferred;
-  // The free nodes captured on the capturing stream, each with the nodes it followed: an
-  // allocation kept beside the stream's chain (core/cuda/context.cu, malloc_beside_chain) is
-  // ordered after those the stream has moved past, so that it may take their memory.
-  struct CapturedFree {
+  // Free nodes captured on the capturing stream and kept out of its chain (core/cuda/context.cu,
+  // keep_kernels_adjacent): each with the nodes it followed; a later allocation is ordered after it
+  // once the stream has moved past those nodes, so that it may take the freed memory.
+  struct AsideFree {
     CUgraphNode_st* node;
     std::vector<CUgraphNode_st*> after;
   };
-  std::vector<CapturedFree> frees;
+  std::vector<AsideFree> aside_frees;
   size_t other_stream_allocations = 0;  // allocations on another stream (not captured)
   size_t host_copies = 0;               // copies from host memory while observing (a capture refuses them)
 };

@@ -260,15 +260,20 @@ DependentLaunchScope::~DependentLaunchScope() { --t_dependent_launch_scopes; }
 // the one before to end and flush, as if launched plainly. On an H200, two kernels replayed from
 // a graph (globaltimer stamps): the second's first block started 1.9 us before the first's last
 // block ended and its wait returned 0.4 us after; with an allocation or a free captured between
-// them, +0.7 and +0.8 us, as without the dependent launch. So inside a DependentLaunchScope an
-// allocation on the capturing stream is kept beside the chain: its node follows only the free
-// nodes the stream has moved past (neither they nor the nodes they followed are what the next
-// node would follow), so that it may take their memory, and the stream goes on from its nodes
-// and the allocation. Elsewhere allocations and frees are captured in the chain: kept beside
-// it, an allocation gives the kernel after it a second dependency, and frees set aside (joined
-// by the next allocation) cost two plain element-wise kernels 0.3 us in a replayed graph while
-// the kernel after a free still did not start early (op_bench norm_bytes and a test of three
-// kernels on an H200). Memory freed since the last kernel is not reused by a scope's allocation.
+// them, +0.7 and +0.8 us, as without the dependent launch. So on the capturing stream the
+// allocator keeps its nodes beside the chain where a dependent launch may follow. A free node
+// follows the stream's nodes, as captured, and the stream goes on from those nodes, not from it;
+// the next allocation is ordered after it. Inside a DependentLaunchScope an allocation node
+// follows only the free nodes set aside whose memory no running kernel may still use (the stream
+// has moved past the nodes they followed), and the stream goes on from its nodes and the
+// allocation; elsewhere an allocation follows the stream's nodes and every free set aside, and
+// the stream goes on from it, as captured. The graph still orders every free after the last use
+// of its memory and every allocation after the frees whose memory it may take, so its memory is
+// reused as before (the same high-water mark in that test), except memory freed since the last
+// kernel inside a scope. (The kernel right after a free set aside still waited, 0.3 us after
+// the end of the one before, in tests/core/test_dependent_launch.cu; captured in the chain
+// instead, the frees' nodes gave allocations in a scope no memory to reuse, and a graph of eight
+// 64 MiB buffers took all eight.)
 namespace {
 
 struct CaptureDependencies {
@@ -306,34 +311,30 @@ bool set_capture_dependencies(cudaStream_t stream, CaptureDependencies& deps) {
   return true;
 }
 
-// Whether this allocation or free is on the capturing stream, on a device where dependent
-// launches are on.
+// Whether this allocation or free on `stream` is captured into the chain of kernels that
+// dependent launches may overlap: the capturing stream itself, on a device where they are on.
 bool chain_capture(cudaStream_t stream, int device) {
   return capturing() && stream == t_capture_ledger->stream && dependent_launch_enabled(device);
-}
-
-bool contains(const std::vector<cudaGraphNode_t>& nodes, cudaGraphNode_t node) {
-  return std::find(nodes.begin(), nodes.end(), node) != nodes.end();
 }
 
 cudaError_t malloc_beside_chain(void** ptr, size_t nbytes, cudaStream_t stream, internal::CaptureLedger& ledger) {
   CaptureDependencies chain;
   if (!capture_dependencies(stream, &chain)) return cudaMallocAsync(ptr, nbytes, stream);
-  CaptureDependencies behind;  // the frees the stream has moved past
-  std::vector<internal::CaptureLedger::CapturedFree> recent;
-  for (internal::CaptureLedger::CapturedFree& f : ledger.frees) {
-    const bool is_behind =
-        !contains(chain.nodes, f.node) &&
-        std::none_of(f.after.begin(), f.after.end(), [&](cudaGraphNode_t n) { return contains(chain.nodes, n); });
-    if (is_behind) {
-      behind.nodes.push_back(f.node);
-      behind.edges.push_back(cudaGraphEdgeData{});
+  CaptureDependencies frees;  // the set-aside frees whose memory no running kernel uses
+  std::vector<internal::CaptureLedger::AsideFree> still_aside;
+  for (internal::CaptureLedger::AsideFree& f : ledger.aside_frees) {
+    const bool behind_the_chain = std::none_of(f.after.begin(), f.after.end(), [&](cudaGraphNode_t n) {
+      return std::find(chain.nodes.begin(), chain.nodes.end(), n) != chain.nodes.end();
+    });
+    if (behind_the_chain) {
+      frees.nodes.push_back(f.node);
+      frees.edges.push_back(cudaGraphEdgeData{});
     } else {
-      recent.push_back(std::move(f));
+      still_aside.push_back(std::move(f));
     }
   }
-  ledger.frees.swap(recent);  // taken: every later free of the chain follows them
-  if (!set_capture_dependencies(stream, behind)) return cudaMallocAsync(ptr, nbytes, stream);
+  ledger.aside_frees.swap(still_aside);
+  if (!set_capture_dependencies(stream, frees)) return cudaMallocAsync(ptr, nbytes, stream);
   const cudaError_t status = cudaMallocAsync(ptr, nbytes, stream);
   CaptureDependencies allocation;
   if (status == cudaSuccess && capture_dependencies(stream, &allocation)) {
@@ -344,14 +345,28 @@ cudaError_t malloc_beside_chain(void** ptr, size_t nbytes, cudaStream_t stream, 
   return status;
 }
 
-// A free in the chain, as captured, remembered with the nodes it followed.
-cudaError_t free_in_chain(void* ptr, cudaStream_t stream, internal::CaptureLedger& ledger) {
+// An allocation in the chain, ordered after every free set aside (all of them: the kernel after
+// it waits for the one before anyway).
+cudaError_t malloc_after_aside_frees(void** ptr, size_t nbytes, cudaStream_t stream, internal::CaptureLedger& ledger) {
+  CaptureDependencies deps;
+  if (ledger.aside_frees.empty() || !capture_dependencies(stream, &deps)) return cudaMallocAsync(ptr, nbytes, stream);
+  for (const internal::CaptureLedger::AsideFree& f : ledger.aside_frees) {
+    deps.nodes.push_back(f.node);
+    deps.edges.push_back(cudaGraphEdgeData{});
+  }
+  ledger.aside_frees.clear();
+  set_capture_dependencies(stream, deps);
+  return cudaMallocAsync(ptr, nbytes, stream);
+}
+
+cudaError_t free_beside_chain(void* ptr, cudaStream_t stream, internal::CaptureLedger& ledger) {
   CaptureDependencies chain;
   if (!capture_dependencies(stream, &chain)) return cudaFreeAsync(ptr, stream);
   const cudaError_t status = cudaFreeAsync(ptr, stream);
   CaptureDependencies freed;
   if (status == cudaSuccess && capture_dependencies(stream, &freed) && freed.nodes.size() == 1) {
-    ledger.frees.push_back({freed.nodes[0], chain.nodes});
+    ledger.aside_frees.push_back({freed.nodes[0], chain.nodes});
+    set_capture_dependencies(stream, chain);
   }
   return status;
 }
@@ -375,9 +390,14 @@ void* allocate(size_t nbytes, int device, StreamHandle stream) {
   DeviceState& s = state(device);
   DeviceGuard guard(device);
   void* ptr = nullptr;
-  cudaError_t status = t_dependent_launch_scopes > 0 && chain_capture(stream, device)
-                           ? malloc_beside_chain(&ptr, nbytes, stream, *t_capture_ledger)
-                           : cudaMallocAsync(&ptr, nbytes, stream);
+  cudaError_t status = cudaSuccess;
+  if (!chain_capture(stream, device)) {
+    status = cudaMallocAsync(&ptr, nbytes, stream);
+  } else if (t_dependent_launch_scopes > 0) {
+    status = malloc_beside_chain(&ptr, nbytes, stream, *t_capture_ledger);
+  } else {
+    status = malloc_after_aside_frees(&ptr, nbytes, stream, *t_capture_ledger);
+  }
   if (status == cudaErrorMemoryAllocation && !capturing()) {
     // The pool may hold blocks freed on other streams: return them to the driver
     // and try once more before giving up (not while capturing: that would synchronise).
@@ -430,7 +450,7 @@ void deallocate(void* ptr, size_t nbytes, int device, StreamHandle stream) {
     // This runs in destructors and must not throw; a capture the step invalidated (a host
     // synchronisation) refuses every call until it ends, and reports that itself.
     const cudaError_t status =
-        chain_capture(stream, device) ? free_in_chain(ptr, stream, *t_capture_ledger) : cudaFreeAsync(ptr, stream);
+        chain_capture(stream, device) ? free_beside_chain(ptr, stream, *t_capture_ledger) : cudaFreeAsync(ptr, stream);
     if (status != cudaSuccess) cudaGetLastError();
     return;
   }

@@ -38,7 +38,7 @@ __global__ void stamped_kernel(uint64_t* stamps, unsigned char* scratch, uint64_
   stamps[1] = global_ns();
 }
 
-TEST(CudaGraphs, DependentKernelsOverlapAcrossCapturedAllocationsAndFrees) {
+TEST(CudaGraphs, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchScope) {
   MT_SKIP_WITHOUT_CUDA();
   const int device = 0;
   if (!mt::cuda::dependent_launch_enabled(device)) {
