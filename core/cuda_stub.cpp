@@ -1,5 +1,6 @@
 // Built instead of core/cuda/*.cu when nvcc was not found at configure time.
 // Every CUDA entry point says so clearly instead of failing obscurely.
+#include "core/cuda/dependent_launch.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "core/kernels.h"
@@ -51,6 +52,9 @@ void empty_cache(int) { no_cuda("empty_cache"); }
 void copy_bytes(void*, const void*, size_t, CopyKind, int) { no_cuda("copy to or from a CUDA device"); }
 
 bool capturing() { return false; }
+void set_dependent_launch(bool) {}
+bool dependent_launch_requested() { return false; }
+bool dependent_launch_enabled(int) { return false; }
 DependentLaunchScope::DependentLaunchScope() = default;
 DependentLaunchScope::~DependentLaunchScope() = default;
 Graph::~Graph() = default;

@@ -100,13 +100,24 @@ int compute_capability(int device) {
   return major * 10 + minor;
 }
 
-// Read once per device: launches ask on every call. Devices past kMaxDevices are asked each time.
-bool dependent_launch_enabled(int device) {
-  static const bool allowed = [] {
+namespace {
+std::atomic<bool>& dependent_launch_setting() {
+  static std::atomic<bool> on{[] {
     const char* text = std::getenv("MT_DEPENDENT_LAUNCH");
-    return text == nullptr || std::string(text) != "0";
-  }();
-  if (!allowed) return false;
+    return text != nullptr && std::string(text) == "1";
+  }()};
+  return on;
+}
+}  // namespace
+
+void set_dependent_launch(bool on) { dependent_launch_setting().store(on); }
+
+bool dependent_launch_requested() { return dependent_launch_setting().load(); }
+
+// The compute capability is read once per device: launches ask on every call. Devices past
+// kMaxDevices are asked each time.
+bool dependent_launch_enabled(int device) {
+  if (!dependent_launch_requested()) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked yet, 1: no, 2: yes
   if (device < 0 || device >= kMaxDevices) return compute_capability(device) >= 90;

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/cuda/check.h"
+#include "core/cuda/dependent_launch.h"
 
 namespace mt::cuda {
 
@@ -38,13 +39,8 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
-// Whether launch_dependent asks for early scheduling on `device`: compute capability 9.0 or
-// later, and MT_DEPENDENT_LAUNCH is not 0 (read once; 0 turns it off, to compare or to rule
-// it out).
-bool dependent_launch_enabled(int device);
-
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel
-// before it in the stream where dependent_launch_enabled(device). The kernel must call
+// before it in the stream where dependent_launch_enabled(device) (core/cuda/dependent_launch.h). The kernel must call
 // wait_for_prerequisite_grids before its first global memory access. Checks the launch.
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,

@@ -38,12 +38,22 @@ __global__ void stamped_kernel(uint64_t* stamps, unsigned char* scratch, uint64_
   stamps[1] = global_ns();
 }
 
+// Turns the dependent launch on (it is off by default) for a scope, then restores the setting.
+struct DependentLaunchOn {
+  DependentLaunchOn() : before(mt::cuda::dependent_launch_requested()) { mt::cuda::set_dependent_launch(true); }
+  ~DependentLaunchOn() { mt::cuda::set_dependent_launch(before); }
+  DependentLaunchOn(const DependentLaunchOn&) = delete;
+  DependentLaunchOn& operator=(const DependentLaunchOn&) = delete;
+  bool before;
+};
+
 TEST(CudaGraphs, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchScope) {
   MT_SKIP_WITHOUT_CUDA();
   const int device = 0;
+  const DependentLaunchOn dependent_launch;
   if (!mt::cuda::dependent_launch_enabled(device)) {
-    GTEST_SKIP() << "programmatic dependent launch is off on cuda:0 (it needs sm_90 or later, and "
-                    "MT_DEPENDENT_LAUNCH not 0)";
+    GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
+                 << mt::cuda::compute_capability(device);
   }
   const mt::cuda::Stream stream = mt::cuda::current_stream(device);
   constexpr int kKernels = 4;
@@ -95,9 +105,10 @@ TEST(CudaGraphs, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchS
 TEST(CudaGraphs, AllocationsInADependentLaunchScopeReuseFreedGraphMemory) {
   MT_SKIP_WITHOUT_CUDA();
   const int device = 0;
+  const DependentLaunchOn dependent_launch;
   if (!mt::cuda::dependent_launch_enabled(device)) {
-    GTEST_SKIP() << "programmatic dependent launch is off on cuda:0 (it needs sm_90 or later, and "
-                    "MT_DEPENDENT_LAUNCH not 0)";
+    GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
+                 << mt::cuda::compute_capability(device);
   }
   const mt::cuda::Stream stream = mt::cuda::current_stream(device);
   auto* stamps = static_cast<uint64_t*>(mt::cuda::allocate(2 * sizeof(uint64_t), device, stream.handle()));

@@ -8,6 +8,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
+#include "core/cuda/dependent_launch.h"
 #include "core/view.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
@@ -539,13 +540,15 @@ TEST(LayerNorm, CudaMatchesCpuAtEveryKernelWidth) {
   }
 }
 
-// A chain of layer norms, each reading the last one's output, then its backward: on sm_90 every
-// norm kernel starts as a programmatic dependent of the kernel before it, and must wait for it
-// before reading its output or writing memory it may still read. bf16 rows of 768 columns, enough
-// that every warp reuses its ring. On the GPU eagerly, and replayed from a CUDA Graph for two
-// different inputs written between the replays (a replay that read its predecessor's memory
-// early would see the previous replay's values); against the same chain on the CPU: the output
-// and every gradient within 2e-2 relative L2 (bf16 roundings in a different order).
+// A chain of norms, each reading the last one's output (every other one the residual form,
+// x added back), then its backward: with the dependent launch on (sm_90) every norm kernel
+// starts as a programmatic dependent of the kernel before it, and must wait for it before
+// reading its output or writing memory it may still read; the residual backward reads the sum
+// its forward wrote. bf16 rows of 768 columns, enough that every warp reuses its ring. On the
+// GPU eagerly, and replayed from a CUDA Graph for two different inputs written between the
+// replays (a replay that read its predecessor's memory early would see the previous replay's
+// values); against the same chain on the CPU: the output and every gradient within 2e-2
+// relative L2 (bf16 roundings in a different order). With the dependent launch off and on.
 struct NormChain {
   static constexpr int kNorms = 6;
   Tensor x;  // the leaf the chain starts from
@@ -561,7 +564,14 @@ struct NormChain {
   // y, dx and every dweight and dbias of one forward and backward, the gradients cleared after.
   std::vector<Tensor> run(const Tensor& dy) {
     Tensor y = x;
-    for (int k = 0; k < kNorms; ++k) y = layer_norm(y, weights[k], biases[k], 1e-5);
+    for (int k = 0; k < kNorms; ++k) {
+      if (k % 2 == 0) {
+        y = layer_norm(y, weights[k], biases[k], 1e-5);
+      } else {  // the residual form, whose backward reads the sum its forward wrote
+        const AddNorm r = add_layer_norm(y, x, weights[k], biases[k], 1e-5, y.dtype());
+        y = add(r.normed, r.sum);
+      }
+    }
     y.backward(dy);
     std::vector<Tensor> out = {y.detach(), x.grad()};
     for (int k = 0; k < kNorms; ++k) {
@@ -587,8 +597,22 @@ void expect_chain_matches(const std::vector<Tensor>& got, const std::vector<Tens
   }
 }
 
-TEST(LayerNorm, CudaChainedNormsMatchTheCpuEagerlyAndInAGraph) {
+// Sets whether the norms launch as programmatic dependents for a scope, then restores it.
+struct DependentLaunchSetting {
+  explicit DependentLaunchSetting(bool on) : before(cuda::dependent_launch_requested()) {
+    cuda::set_dependent_launch(on);
+  }
+  ~DependentLaunchSetting() { cuda::set_dependent_launch(before); }
+  DependentLaunchSetting(const DependentLaunchSetting&) = delete;
+  DependentLaunchSetting& operator=(const DependentLaunchSetting&) = delete;
+  bool before;
+};
+
+class CudaNormChain : public ::testing::TestWithParam<bool> {};  // dependent launch on or off
+
+TEST_P(CudaNormChain, MatchesTheCpuEagerlyAndInAGraph) {
   MT_SKIP_WITHOUT_CUDA();
+  const DependentLaunchSetting dependent_launch(GetParam());
   const int64_t rows = 4099, width = 768;
   Generator gen(43);
   std::vector<Tensor> w0, b0;
@@ -622,6 +646,10 @@ TEST(LayerNorm, CudaChainedNormsMatchTheCpuEagerlyAndInAGraph) {
     expect_chain_matches(results, want[i], "graph replay " + std::to_string(i));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(LayerNorm, CudaNormChain, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& p) {
+  return p.param ? "DependentLaunch" : "PlainLaunch";
+});
 
 // add_layer_norm / add_rms_norm against add() and then the norm: both outputs and every
 // gradient, from the same upstream gradients of both, bit for bit. The residual stream's case:
