@@ -38,23 +38,27 @@ __global__ void stamped_kernel(uint64_t* stamps, unsigned char* scratch, uint64_
   stamps[1] = global_ns();
 }
 
-// Turns the dependent launch on (it is off by default) for a scope, then restores the setting.
-struct DependentLaunchOn {
-  DependentLaunchOn() : before(mt::cuda::dependent_launch_requested()) { mt::cuda::set_dependent_launch(true); }
-  ~DependentLaunchOn() { mt::cuda::set_dependent_launch(before); }
-  DependentLaunchOn(const DependentLaunchOn&) = delete;
-  DependentLaunchOn& operator=(const DependentLaunchOn&) = delete;
-  bool before;
+// Each case runs with the dependent launch on (it is off by default) on cuda:0, and restores
+// the setting after; skipped without CUDA or below sm_90.
+class CudaGraphsWithDependentLaunch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MT_SKIP_WITHOUT_CUDA();
+    before_ = mt::cuda::dependent_launch_requested();
+    mt::cuda::set_dependent_launch(true);
+    if (!mt::cuda::dependent_launch_enabled(device)) {
+      GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
+                   << mt::cuda::compute_capability(device);
+    }
+  }
+  void TearDown() override { mt::cuda::set_dependent_launch(before_); }
+  const int device = 0;
+
+ private:
+  bool before_ = false;
 };
 
-TEST(CudaGraphs, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchScope) {
-  MT_SKIP_WITHOUT_CUDA();
-  const int device = 0;
-  const DependentLaunchOn dependent_launch;
-  if (!mt::cuda::dependent_launch_enabled(device)) {
-    GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
-                 << mt::cuda::compute_capability(device);
-  }
+TEST_F(CudaGraphsWithDependentLaunch, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchScope) {
   const mt::cuda::Stream stream = mt::cuda::current_stream(device);
   constexpr int kKernels = 4;
   const size_t stamp_bytes = 2 * kKernels * sizeof(uint64_t);
@@ -102,14 +106,7 @@ TEST(CudaGraphs, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchS
 // kernel: eight 64 MiB buffers, each allocated in a scope, written by one kernel and freed,
 // must not take eight buffers' worth of graph memory (each may take the memory freed two
 // kernels before it: three buffers at most).
-TEST(CudaGraphs, AllocationsInADependentLaunchScopeReuseFreedGraphMemory) {
-  MT_SKIP_WITHOUT_CUDA();
-  const int device = 0;
-  const DependentLaunchOn dependent_launch;
-  if (!mt::cuda::dependent_launch_enabled(device)) {
-    GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
-                 << mt::cuda::compute_capability(device);
-  }
+TEST_F(CudaGraphsWithDependentLaunch, AllocationsInADependentLaunchScopeReuseFreedGraphMemory) {
   const mt::cuda::Stream stream = mt::cuda::current_stream(device);
   auto* stamps = static_cast<uint64_t*>(mt::cuda::allocate(2 * sizeof(uint64_t), device, stream.handle()));
   const size_t bytes = size_t{64} << 20;
