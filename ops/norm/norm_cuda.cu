@@ -7,9 +7,10 @@
 // block per row for the forward and the input gradient (block reductions in acc_t),
 // and the parameter gradients as a [groups, C] buffer of per-block partial sums over
 // row groups (column tiles of 32 threads, so reads are coalesced). Either way one
-// pass then sums the partial rows per column; deterministic, no atomics. The warp-per-row
-// kernels and that final sum are launched as programmatic dependents (cuda::launch_dependent),
-// so that each one's blocks are waiting on the GPU when the kernel before it ends.
+// pass then sums the partial rows per column; deterministic, no atomics. Where dependent
+// launch is on (core/cuda/dependent_launch.h; off by default), the warp-per-row kernels and that
+// final sum are launched as programmatic dependents (cuda::launch_dependent), so that each one's
+// blocks are waiting on the GPU when the kernel before it ends.
 #include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
