@@ -26,9 +26,10 @@ struct CaptureLedger {
   // Memory made before the capture and released during it, on the capturing stream: a graph
   // may free only its own allocations, so these are freed after the capture has ended.
   std::vector<DeferredFree> deferred;
-  // Free nodes captured on the capturing stream and kept out of its chain (core/cuda/context.cu,
-  // keep_kernels_adjacent): each with the nodes it followed; a later allocation is ordered after it
-  // once the stream has moved past those nodes, so that it may take the freed memory.
+  // Free nodes captured on the capturing stream and kept out of its chain while dependent launch
+  // is on (core/cuda/context.cu, "a captured stream's kernels kept adjacent"): each with the nodes
+  // it followed. The next allocation is ordered after it (in a DependentLaunchScope, once the
+  // stream has moved past those nodes), so that it may take the freed memory.
   struct AsideFree {
     CUgraphNode_st* node;
     std::vector<CUgraphNode_st*> after;

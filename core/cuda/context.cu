@@ -11,7 +11,7 @@
 
 #include "core/cuda/capture_ledger.h"
 #include "core/cuda/check.h"
-#include "core/cuda/dependent_launch.cuh"
+#include "core/cuda/dependent_launch.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
 
@@ -118,7 +118,6 @@ bool dependent_launch_requested() { return dependent_launch_setting().load(); }
 // kMaxDevices are asked each time.
 bool dependent_launch_enabled(int device) {
   if (!dependent_launch_requested()) return false;
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked yet, 1: no, 2: yes
   if (device < 0 || device >= kMaxDevices) return compute_capability(device) >= 90;
   int state = known[device].load(std::memory_order_relaxed);

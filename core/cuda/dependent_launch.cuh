@@ -40,8 +40,8 @@ __device__ __forceinline__ void allow_dependent_grids() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel
-// before it in the stream where dependent_launch_enabled(device) (core/cuda/dependent_launch.h). The kernel must call
-// wait_for_prerequisite_grids before its first global memory access. Checks the launch.
+// before it in the stream where dependent_launch_enabled(device) (core/cuda/dependent_launch.h).
+// The kernel calls wait_for_prerequisite_grids as the header above says. Checks the launch.
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
                       Args&&... args) {
