@@ -104,7 +104,7 @@ namespace {
 std::atomic<bool>& dependent_launch_setting() {
   static std::atomic<bool> on{[] {
     const char* text = std::getenv("MT_DEPENDENT_LAUNCH");
-    return text != nullptr && std::string(text) == "1";
+    return text == nullptr || std::string(text) != "0";
   }()};
   return on;
 }

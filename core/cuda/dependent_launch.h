@@ -1,10 +1,10 @@
 // Host side of programmatic dependent launch (core/cuda/dependent_launch.cuh): whether the
-// kernels written for it (the norms') are launched so. Off unless asked for: on an H200 it
-// took op_bench layer_norm (bf16 [16384, 768], fwd+bwd, replayed from a CUDA Graph) from
-// 68.3-68.5% to 72.8% of copy bandwidth, but one GPT-2 124M training step replayed from a graph
-// took 31.1 ms with it against 30.5 ms without, in the same call: until the full step gains,
-// the default stays the plain launch. MT_DEPENDENT_LAUNCH=1 in the environment turns it on at
-// start; set_dependent_launch at any time (captures record the setting of their time).
+// kernels written for it (the norms') are launched so. On unless MT_DEPENDENT_LAUNCH=0 is in the
+// environment at start, or set_dependent_launch(false) (at any time; captures record the setting
+// of their time). On an H200 it took op_bench layer_norm (bf16 [16384, 768], fwd+bwd, replayed
+// from a CUDA Graph) from 71.5-71.7% to 75.2-75.3% of copy bandwidth, and the GPT-2 124M
+// training step neither gained nor lost: 31.1 and 31.3 ms with it, 31.2 and 31.0 ms without,
+// replayed from a graph; 31.0 and 31.2 ms eagerly either way (alternating runs in one call).
 #pragma once
 
 namespace mt::cuda {

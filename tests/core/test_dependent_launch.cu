@@ -38,7 +38,7 @@ __global__ void stamped_kernel(uint64_t* stamps, unsigned char* scratch, uint64_
   stamps[1] = global_ns();
 }
 
-// Each case runs with the dependent launch on (it is off by default) on cuda:0, and restores
+// Each case runs with the dependent launch on (as by default) on cuda:0, and restores
 // the setting after; skipped without CUDA or below sm_90.
 class CudaGraphsWithDependentLaunch : public ::testing::Test {
  protected:

@@ -21,6 +21,7 @@
 //   norm_bytes     layer_norm's rows moved by plain element-wise kernels in the same two steps:
 //                  y = x * 1 (reads x, writes y), then dx = dy + x (reads dy and x, writes dx);
 //                  what streaming those bytes alone takes at this size, launches and ramps included
+//   layer_norm_fwd layer_norm's forward alone (no gradients recorded): its share of layer_norm
 //   gelu           gelu(x, tanh), the MLP's activation, x [rows, 4 width], forward + backward of a
 //                  random dy (on the CPU: the element loops, `--device cpu --dtype f32 --ops gelu
 //                  --rows 1024 --width 128` is the CPU demo's [1024, 512])
@@ -60,7 +61,7 @@ namespace {
 
 const std::vector<std::string> kOps = {"gemm",      "gemm_bias",      "layer_norm",    "add_layer_norm",
                                        "attention", "attention_bthd", "cross_entropy", "adamw"};
-const std::vector<std::string> kReferenceOps = {"norm_bytes", "gelu"};  // run only when named
+const std::vector<std::string> kReferenceOps = {"norm_bytes", "layer_norm_fwd", "gelu"};  // run only when named
 
 struct Shapes {
   int64_t rows = 16384;  // B * T of the token-wise ops
@@ -249,6 +250,26 @@ Measurement bench_layer_norm(const Timing& timing, mt::DType dtype, const Shapes
   const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
   const double es = static_cast<double>(mt::element_size(dtype));
   m.bytes = es * (5 * R * C + 5 * C) + 2 * 2 * R * 4;
+  return m;
+}
+
+// layer_norm's forward alone, on inputs that need no gradients: nothing is saved for a backward.
+Measurement bench_layer_norm_forward(const Timing& timing, mt::DType dtype, const Shapes& s) {
+  mt::Generator generator(3);
+  std::vector<mt::Tensor> x, w, b;  // per input set: [R, C], [C], [C]
+  for (int64_t k = 0; k < timing.sets; ++k) {
+    x.push_back(mt::randn({s.rows, s.width}, on(timing.device, dtype), &generator));
+    w.push_back(mt::randn({s.width}, on(timing.device, dtype), &generator));
+    b.push_back(mt::randn({s.width}, on(timing.device, dtype), &generator));
+  }
+  Measurement m;
+  m.op = "layer_norm_fwd";
+  m.shape = mt::shape_str(x[0].shape()) + " fwd";
+  m.ms = time_op_ms(
+      timing, timing.sets, [&](int64_t k) { mt::layer_norm(x[k], w[k], b[k]); }, &m);
+  // Bytes: reads x, w and b, writes y and the f32 row statistics (mean, rstd).
+  const double R = static_cast<double>(s.rows), C = static_cast<double>(s.width);
+  m.bytes = static_cast<double>(mt::element_size(dtype)) * (2 * R * C + 2 * C) + 2 * R * 4;
   return m;
 }
 
@@ -581,6 +602,8 @@ int main(int argc, char** argv) {
         m = bench_layer_norm(timing, dtype, s);
       } else if (op == "add_layer_norm") {
         m = bench_add_layer_norm(timing, dtype, s);
+      } else if (op == "layer_norm_fwd") {
+        m = bench_layer_norm_forward(timing, dtype, s);
       } else if (op == "norm_bytes") {
         m = bench_norm_bytes(timing, dtype, s);
       } else if (op == "attention" || op == "attention_bthd") {
