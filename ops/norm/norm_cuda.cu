@@ -302,9 +302,10 @@ __device__ __forceinline__ void start_dependent_kernel() {
 // param_index's layout (1 and -0 past the row or without the tensor). The caller then waits at a
 // barrier before any warp reads them. The kernels had read them in a loop striding by blockDim.x
 // (a trip count the compiler does not know, so each round's loads waited for the last round's
-// stores) before issuing any copy. On an H200 (op_bench layer_norm, bf16 [16384, 768], two runs each way in one call) this
-// took the op from 66.7 and 68.2% of the copy bandwidth to 71.5 and 71.7% (dependent launch off),
-// from 71.9 and 73.1% to 75.2 and 75.3% (on); add_layer_norm from 80.3-80.5% to 82.3-82.4% (off).
+// stores) before issuing any copy. On an H200 (op_bench layer_norm, bf16 [16384, 768], two runs
+// each way in one call) this took the op from 66.7 and 68.2% of the copy bandwidth to 71.5 and
+// 71.7% (dependent launch off), from 71.9 and 73.1% to 75.2 and 75.3% (on); add_layer_norm from
+// 80.3-80.5% to 82.3-82.4% (off).
 template <typename T, int kPerLane, int kVec>
 struct ParamsInFlight {
   static constexpr int kSlot = kPerLane * rowwise::kWarpSize;
