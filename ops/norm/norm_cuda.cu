@@ -309,7 +309,8 @@ __device__ __forceinline__ void start_dependent_kernel() {
 template <typename T, int kPerLane, int kVec>
 struct ParamsInFlight {
   static constexpr int kSlot = kPerLane * rowwise::kWarpSize;
-  static constexpr int kPerThread = (kSlot + kWarpRowBlock - 1) / kWarpRowBlock;
+  static_assert(kSlot % kWarpRowBlock == 0, "every thread takes the same number of columns");
+  static constexpr int kPerThread = kSlot / kWarpRowBlock;
   T w[kPerThread], b[kPerThread];
   __device__ __forceinline__ void load(const T* __restrict__ weight, const T* __restrict__ bias, int cols) {
 #pragma unroll
@@ -323,7 +324,6 @@ struct ParamsInFlight {
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int c = static_cast<int>(threadIdx.x) + k * kWarpRowBlock;
-      if (kSlot % kWarpRowBlock != 0 && c >= kSlot) continue;
       const int at = param_index<kVec>(c);
       shared[at] = c < cols && weight != nullptr ? convert<float>(w[k]) : 1.0f;
       shared[kSlot + at] = c < cols && bias != nullptr ? convert<float>(b[k]) : -0.0f;
