@@ -16,8 +16,9 @@ fi
 # build-essential brings g++; googletest brings the sources that libgtest-dev's CMake config uses.
 # clang builds the fuzz targets (tools/fuzz.sh): libclang-rt-dev holds libFuzzer and the sanitizer
 # runtimes (only recommended by clang, and recommends are not installed), libomp-dev is OpenMP for clang.
+# ccache lets tools/test.sh's second configuration reuse the first one's C++ objects (see there).
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev
-          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev)
+          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev ccache)
 
 install_packages() {
   local missing=()

@@ -21,7 +21,18 @@ if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then gener
 # MT_CMAKE_ARGS is split on whitespace on purpose: it carries several -D flags.
 read -r -a extra <<<"${MT_CMAKE_ARGS:-}"
 
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[@]}"
+# C++ through ccache where it is installed. Most translation units preprocess to the same text
+# with and without CUDA (only the op dispatchers test MT_WITH_CUDA), so a CPU-only build after a
+# CUDA one (.ci/run) compiles little. The cache ignores the build folder's name (NOHASHDIR),
+# which -g would otherwise put in every hash; it is then only wrong in those objects' debug info.
+launcher=()
+cache_dir="$(command -v ccache >/dev/null && ccache --get-config cache_dir 2>/dev/null || true)"
+if [[ -n "$cache_dir" ]] && mkdir -p "$cache_dir" 2>/dev/null && [[ -w "$cache_dir" ]]; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
+fi
+
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "${extra[@]}"
 cmake --build "$build" -j"$jobs"
 # OpenMP threads sleep when idle: ctest runs several test programs at once on few cores.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
