@@ -33,6 +33,32 @@ void add_to_buffer(InputBuffer& buffer, uint32_t slot, Tensor grad) {
   }
 }
 
+// For a node that adds into sums (Node::apply_adding): per input, the gradient the engine holds
+// for it where the node may add into that in place (nobody else sees it, and it has the input's
+// shape, dtype and device), else undefined. Not under anomaly detection, which checks each
+// node's own gradients.
+std::vector<Tensor> sums_for(const Node& node, const std::unordered_map<Node*, InputBuffer>& buffers) {
+  std::vector<Tensor> sums(node.next_edges.size());
+  if (detect_anomaly_enabled()) return sums;
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const Edge& e = node.next_edges[i];
+    if (!e.valid()) continue;
+    const auto found = buffers.find(e.fn.get());
+    if (found == buffers.end() || e.input_nr >= found->second.size()) continue;
+    const Tensor& held = found->second[e.input_nr];
+    const TensorMeta& want = node.input_meta[i];
+    if (!held.defined() || !owns_whole_storage(held) || held.shape() != want.shape || held.dtype() != want.dtype ||
+        held.device() != want.device) {
+      continue;
+    }
+    // One input reached twice along the same edge target would be added into twice.
+    bool repeated = false;
+    for (size_t j = 0; j < i; ++j) repeated |= sums[j].defined() && sums[j].impl_ptr() == held.impl_ptr();
+    if (!repeated) sums[i] = held;
+  }
+  return sums;
+}
+
 // Counts, for every node reachable from the roots, how many edges point at it.
 std::unordered_map<Node*, int> count_dependencies(const std::vector<Node*>& roots) {
   std::unordered_map<Node*, int> deps;
@@ -135,12 +161,18 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 
     const bool profiling = OpProfiler::active();
     if (profiling) OpProfiler::mark("backward (between nodes)");
+    std::vector<Tensor> sums;  // apply_adding's: the buffers it may have added into
+    const auto run = [&] {
+      if (!node->adds_into_sums()) return node->apply(std::move(inputs));
+      sums = sums_for(*node, buffers);
+      return node->apply_adding(std::move(inputs), sums);
+    };
     std::vector<Tensor> out;
     if (node->has_stream) {
       cuda::StreamGuard on_forward_stream(node->stream);
-      out = node->apply(std::move(inputs));
+      out = run();
     } else {
-      out = node->apply(std::move(inputs));
+      out = run();
     }
     if (profiling) OpProfiler::mark("backward " + node->name());
     if (!retain_graph) {
@@ -156,7 +188,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       Node* next = e.fn.get();
       InputBuffer& buffer = buffers[next];
       if (buffer.empty()) buffer.resize(std::max<size_t>(next->output_meta.size(), 1));
-      add_to_buffer(buffer, e.input_nr, std::move(out[i]));
+      const bool added_into_sum = i < sums.size() && sums[i].defined() && out[i].impl_ptr() == sums[i].impl_ptr();
+      if (i < sums.size()) sums[i] = Tensor();  // the buffer's only handle again
+      if (!added_into_sum) add_to_buffer(buffer, e.input_nr, std::move(out[i]));
+      out[i] = Tensor();
       if (--deps[next] == 0 && queued.insert(next).second) ready.push(next);
     }
   }

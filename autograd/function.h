@@ -38,9 +38,16 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
 class LambdaNode : public Node {
  public:
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&, const LambdaNode&)>;
+  // fn with the engine's sums (Node::apply_adding); undefined sums where there are none.
+  using AddingFn =
+      std::function<std::vector<Tensor>(const std::vector<Tensor>&, const std::vector<Tensor>&, const LambdaNode&)>;
   LambdaNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  // A node whose formula may add into the engine's sums: apply() passes it undefined ones.
+  LambdaNode(std::string name, AddingFn fn);
   std::string name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  bool adds_into_sums() const override { return static_cast<bool>(adding_fn_); }
+  std::vector<Tensor> apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) override;
   void release_saved() override;
 
   std::vector<SavedTensor> saved;  // what fn reads; freed after backward
@@ -49,6 +56,7 @@ class LambdaNode : public Node {
  private:
   std::string name_;
   Fn fn_;
+  AddingFn adding_fn_;
 };
 
 }  // namespace mt::autograd

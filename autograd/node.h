@@ -69,6 +69,18 @@ class Node : public std::enable_shared_from_this<Node> {
   // Frees saved tensors once backward has used them (unless retain_graph).
   virtual void release_saved() {}
 
+  // Some gradients cost less added into a sum than formed whole: an embedding's rows scattered
+  // into the dense gradient of a tied weight, where forming its own would zero-fill a [V, C]
+  // buffer that the engine then adds. A node that says so here is run through apply_adding: where
+  // the engine already holds a gradient for input i that nobody else sees, with input_meta[i]'s
+  // shape, dtype and device, sums[i] is that tensor (else undefined), and the node may add its
+  // gradient for i into it in place and return sums[i] itself, which the engine keeps as the sum.
+  virtual bool adds_into_sums() const { return false; }
+  virtual std::vector<Tensor> apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) {
+    (void)sums;
+    return apply(std::move(grad_outputs));
+  }
+
   // Is a gradient needed for input i? Lets apply() skip work nobody asked for.
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
 

@@ -12,13 +12,22 @@ using autograd::LambdaNode;
 
 namespace {
 
-// dweight // [V, C]: the rows of grad_out // [N, C] summed into the rows ids // [N] name.
-Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, const autograd::TensorMeta& weight_meta) {
+// dweight // [V, C]: the rows of grad_out // [N, C] summed into the rows ids // [N] name. Where
+// `sum` is defined (the engine's gradient for the weight so far: a tied weight's from the LM
+// head), the weight's dtype is the accumulation dtype and the rows are on a GPU, they are added
+// into it in place and it is returned; else into zeros of their own. The CUDA kernels add each
+// id's total once, so the sum equals the engine's add of the zero-filled gradient bit for bit;
+// the CPU adds row by row, which would round differently, and its fill is no hot path.
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, const autograd::TensorMeta& weight_meta,
+                          const Tensor& sum) {
   const int64_t V = weight_meta.shape[0], C = weight_meta.shape[1];
   const Tensor g = raw::contiguous(raw::reshape(grad_out, {ids.numel(), C}));
   // Accumulate in acc_t of the gradient's dtype, round once to the weight's dtype.
   const DType acc = g.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor grad_weight = zeros({V, C}, TensorOptions().dtype(acc).device(g.device()));
+  // A tied weight's [V, C] sum exists already: zero-filling another and adding it would move
+  // four times its bytes (GPT-2's f32 embedding: 154 MB each) for the batch's few thousand rows.
+  const bool into_sum = sum.defined() && g.is_cuda() && weight_meta.dtype == acc && sum.dtype() == acc;
+  Tensor grad_weight = into_sum ? sum : zeros({V, C}, TensorOptions().dtype(acc).device(g.device()));
   if (g.is_cuda()) {
 #if MT_WITH_CUDA
     ops::embedding_backward_cuda(grad_weight, g, ids);
@@ -28,7 +37,7 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, const autog
   } else {
     ops::embedding_backward_cpu(grad_weight, g, ids);
   }
-  return ops::as_dtype(grad_weight, weight_meta.dtype);
+  return into_sum ? grad_weight : ops::as_dtype(grad_weight, weight_meta.dtype);
 }
 
 }  // namespace
@@ -61,10 +70,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   out = raw::view(out, out_shape);
 
   if (autograd::needs_grad({weight})) {
-    auto node =
-        std::make_shared<LambdaNode>("EmbeddingBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {
-          return std::vector<Tensor>{embedding_backward(g[0], self.unpack(0), self.input_meta[0])};
-        });
+    auto node = std::make_shared<LambdaNode>(
+        "EmbeddingBackward",
+        LambdaNode::AddingFn([](const std::vector<Tensor>& g, const std::vector<Tensor>& sums, const LambdaNode& self) {
+          return std::vector<Tensor>{embedding_backward(g[0], self.unpack(0), self.input_meta[0], sums[0])};
+        }));
     node->saved.emplace_back(flat_ids);  // ids only: the weight's values are not needed
     autograd::record(node, {weight}, {out});
   }

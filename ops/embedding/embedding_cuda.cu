@@ -71,9 +71,10 @@ __global__ void iota_kernel(int32_t* out, int64_t n) {
   }
 }
 
-// grad_weight // [V, C] in A (zeros), grad_out // [N, C]; sorted_ids // [N] ascending with their
-// positions // [N]. Thread (i, c) works only where a run of equal ids starts at i: it sums that
-// run's rows of column c in position order and writes the total once.
+// grad_weight // [V, C] in A (zeros, or a sum to add into), grad_out // [N, C]; sorted_ids // [N]
+// ascending with their positions // [N]. Thread (i, c) works only where a run of equal ids starts
+// at i: it sums that run's rows of column c in position order and adds the total once, so that
+// a sum added into equals the sum of the zero-filled gradient and that sum bit for bit.
 template <typename T, typename A, typename I>
 __global__ void embedding_backward_sorted_kernel(A* grad_weight, const T* grad_out, const I* sorted_ids,
                                                  const int32_t* positions, int64_t N, int64_t C, int64_t V) {
@@ -87,7 +88,7 @@ __global__ void embedding_backward_sorted_kernel(A* grad_weight, const T* grad_o
     if (v < 0 || v >= V) continue;
     A sum = 0;
     for (int64_t j = i; j < N && sorted_ids[j] == id; ++j) sum += convert<A>(grad_out[positions[j] * C + c]);
-    grad_weight[v * C + c] = sum;
+    grad_weight[v * C + c] += sum;
   }
 }
 
@@ -115,7 +116,11 @@ __global__ void embedding_backward_packs_kernel(A* grad_weight, const T* grad_ou
 #pragma unroll
       for (int e = 0; e < kPack; ++e) sum.v[e] += convert<A>(g.v[e]);
     }
-    reinterpret_cast<cuda::Pack<A, kPack>*>(grad_weight + v * C)[k] = sum;
+    cuda::Pack<A, kPack>& out = reinterpret_cast<cuda::Pack<A, kPack>*>(grad_weight + v * C)[k];
+    const cuda::Pack<A, kPack> before = out;
+#pragma unroll
+    for (int e = 0; e < kPack; ++e) sum.v[e] = before.v[e] + sum.v[e];
+    out = sum;
   }
 }
 

@@ -1,5 +1,6 @@
 // The backward engine: accumulation, retain_graph, no_grad, detach, hooks, the
 // errors it must raise, and deep graphs without recursion.
+#include "autograd/anomaly.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "ops/ops.h"
@@ -68,6 +69,49 @@ TEST(Engine, GradientSumsNeverWriteIntoATensorSomeoneElseHolds) {
   Tensor w = z * 1.0;
   sum(w * 2.0 + w * 3.0 + w * 4.0).backward();
   EXPECT_EQ(z.grad().to_vector<double>(), (std::vector<double>{9, 9}));
+}
+
+// A node that adds into the engine's sums (Node::apply_adding: the embedding's backward) is
+// handed the gradient held for its input only where it may write into it: one another node
+// returned fresh, not a tensor somebody keeps, not before any has arrived, not under anomaly
+// detection (which checks each node's own gradient). Either way the leaf gets the same sum.
+TEST(Engine, NodesThatAddIntoSumsAreHandedOnlyGradientsNobodyElseHolds) {
+  enum class Case { fresh_sum, kept_sum, nothing_yet, anomaly };
+  for (const Case c : {Case::fresh_sum, Case::kept_sum, Case::nothing_yet, Case::anomaly}) {
+    const int label = static_cast<int>(c);
+    AnomalyGuard anomaly(c == Case::anomaly);
+    Tensor x = from_vector({1.0, 2.0}, {2}, DType::f64).requires_grad_();
+    const Tensor y = x * 1.0;
+    const Tensor kept = from_vector({3.0, 3.0}, {2}, DType::f64);
+    bool handed = false;
+    Tensor out = zeros({2}, DType::f64);  // values checked under anomaly detection
+    // y's other use. Nodes run latest-made first, so one made before this node's runs after it.
+    Tensor other;
+    if (c == Case::nothing_yet) other = y * 3.0;
+    auto node = std::make_shared<autograd::LambdaNode>(
+        "AddsTen", autograd::LambdaNode::AddingFn([&handed](const std::vector<Tensor>&, const std::vector<Tensor>& sums,
+                                                            const autograd::LambdaNode&) {
+          const Tensor ten = from_vector({10.0, 10.0}, {2}, DType::f64);
+          if (!sums[0].defined()) return std::vector<Tensor>{ten};
+          handed = true;
+          sums[0].copy_(sums[0] + ten);  // in place, into the engine's buffer
+          return std::vector<Tensor>{sums[0]};
+        }));
+    autograd::record(node, {y}, {out});
+    if (c == Case::kept_sum) {
+      auto keeper = std::make_shared<autograd::LambdaNode>(
+          "ReturnsKept",
+          [kept](const std::vector<Tensor>&, const autograd::LambdaNode&) { return std::vector<Tensor>{kept}; });
+      other = zeros({2}, DType::f64);
+      autograd::record(keeper, {y}, {other});
+    } else if (c != Case::nothing_yet) {
+      other = y * 3.0;
+    }
+    sum(out + other).backward();
+    EXPECT_EQ(handed, c == Case::fresh_sum) << "case " << label;
+    EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{13, 13})) << "case " << label;
+    EXPECT_EQ(kept.to_vector<double>(), (std::vector<double>{3, 3})) << "case " << label;
+  }
 }
 
 TEST(Engine, SecondBackwardThroughFreedGraphSaysSo) {

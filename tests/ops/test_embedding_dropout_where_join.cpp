@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/anomaly.h"
 #include "autograd/function.h"
 #include "core/view.h"
 #include "ops/dropout/dropout.h"
@@ -209,6 +210,34 @@ TEST(Embedding, CudaPackedAndElementRowsMatchTheCpuBitForBit) {
       EXPECT_EQ(std::vector<float>(rows.begin(), rows.begin() + C), w.narrow(0, 1, 1).to_vector<float>()) << what;
       EXPECT_TRUE(std::all_of(rows.begin() + C, rows.end(), [](float v) { return std::isnan(v); })) << what;
     }
+  }
+}
+
+// A weight tied to a linear layer (GPT's embedding and LM head): the embedding's rows are added
+// into the gradient the linear's backward left in the engine (Node::apply_adding) instead of into
+// zeros of their own; the sum equals the engine's add of the two, which anomaly detection keeps
+// (it checks each node's own gradient), bit for bit, with the packed and the element kernels.
+TEST(Embedding, CudaRowsAddIntoATiedWeightsGradientAsTheEngineWouldAddThem) {
+  MT_SKIP_WITHOUT_CUDA();
+  Generator gen(8);
+  const int64_t V = 37, T = 300;
+  for (const int64_t C : {int64_t{64}, int64_t{65}}) {
+    const Tensor w = randn({V, C}, DType::f32, &gen);
+    const Tensor h = randn({T, C}, DType::f32, &gen);
+    std::vector<double> id_values(static_cast<size_t>(T));
+    for (int64_t n = 0; n < T; ++n) id_values[static_cast<size_t>(n)] = static_cast<double>((7 * n) % V);
+    const Tensor ids = from_vector(id_values, {T}, DType::i64);
+    const auto tied_grad = [&](const Device& device, bool anomaly) {
+      AnomalyGuard guard(anomaly);
+      Tensor weight = (device.is_cpu() ? w.clone() : w.to(device)).requires_grad_();
+      const Tensor logits = linear(embedding(weight, ids.to(device)) + h.to(device), weight);  // [T, V]
+      sum(logits * logits).backward();
+      return weight.grad().to_vector<float>();
+    };
+    const std::vector<float> added = tied_grad(gpu(), false), engine = tied_grad(gpu(), true);
+    EXPECT_EQ(added, engine) << "C=" << C;
+    const std::vector<float> cpu = tied_grad(kCPU, false);
+    for (size_t i = 0; i < cpu.size(); ++i) ASSERT_NEAR(added[i], cpu[i], 1e-3 * (1 + std::fabs(cpu[i]))) << i;
   }
 }
 
