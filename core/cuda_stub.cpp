@@ -52,8 +52,6 @@ void empty_cache(int) { no_cuda("empty_cache"); }
 void copy_bytes(void*, const void*, size_t, CopyKind, int) { no_cuda("copy to or from a CUDA device"); }
 
 bool capturing() { return false; }
-void set_dependent_launch(bool) {}
-bool dependent_launch_requested() { return false; }
 bool dependent_launch_enabled(int) { return false; }
 DependentLaunchScope::DependentLaunchScope() = default;
 DependentLaunchScope::~DependentLaunchScope() = default;

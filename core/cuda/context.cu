@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -99,20 +98,6 @@ int compute_capability(int device) {
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return major * 10 + minor;
 }
-
-namespace {
-std::atomic<bool>& dependent_launch_setting() {
-  static std::atomic<bool> on{[] {
-    const char* text = std::getenv("MT_DEPENDENT_LAUNCH");
-    return text == nullptr || std::string(text) != "0";
-  }()};
-  return on;
-}
-}  // namespace
-
-void set_dependent_launch(bool on) { dependent_launch_setting().store(on); }
-
-bool dependent_launch_requested() { return dependent_launch_setting().load(); }
 
 // The compute capability is read once per device: launches ask on every call. Devices past
 // kMaxDevices are asked each time.

@@ -14,4 +14,17 @@ bool dependent_launch_requested();
 // Requested, and `device` is sm_90 or later (the first with griddepcontrol).
 bool dependent_launch_enabled(int device);
 
+// Sets the dependent launch on or off for a scope, then restores what it was:
+//   { mt::cuda::DependentLaunchGuard plain(false);  step(); }
+class DependentLaunchGuard {
+ public:
+  explicit DependentLaunchGuard(bool on) : previous_(dependent_launch_requested()) { set_dependent_launch(on); }
+  ~DependentLaunchGuard() { set_dependent_launch(previous_); }
+  DependentLaunchGuard(const DependentLaunchGuard&) = delete;
+  DependentLaunchGuard& operator=(const DependentLaunchGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace mt::cuda

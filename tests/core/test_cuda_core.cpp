@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/cuda/dependent_launch.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "core/float_types.h"
@@ -413,6 +414,22 @@ TEST(CudaMemory, OversizedAllocationThrowsOutOfMemoryWithTheFigures) {
 }
 
 // ---- runs everywhere ----
+
+// The guard sets the dependent launch for a scope and restores it, nested, in every build: a
+// CPU-only build keeps the setting too (it launches nothing), so code that sets it reads it back.
+TEST(DependentLaunch, GuardSetsAndRestoresTheSetting) {
+  const bool before = mt::cuda::dependent_launch_requested();
+  {
+    const mt::cuda::DependentLaunchGuard off(false);
+    EXPECT_FALSE(mt::cuda::dependent_launch_requested());
+    {
+      const mt::cuda::DependentLaunchGuard on(true);
+      EXPECT_TRUE(mt::cuda::dependent_launch_requested());
+    }
+    EXPECT_FALSE(mt::cuda::dependent_launch_requested());
+  }
+  EXPECT_EQ(mt::cuda::dependent_launch_requested(), before);
+}
 
 TEST(CudaFormat, FormatBytes) {
   EXPECT_EQ(mt::cuda::format_bytes(0), "0 B");

@@ -44,18 +44,15 @@ class CudaGraphsWithDependentLaunch : public ::testing::Test {
  protected:
   void SetUp() override {
     MT_SKIP_WITHOUT_CUDA();
-    before_ = mt::cuda::dependent_launch_requested();
-    mt::cuda::set_dependent_launch(true);
     if (!mt::cuda::dependent_launch_enabled(device)) {
       GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later; cuda:0 is sm_"
                    << mt::cuda::compute_capability(device);
     }
   }
-  void TearDown() override { mt::cuda::set_dependent_launch(before_); }
   const int device = 0;
 
  private:
-  bool before_ = false;
+  const mt::cuda::DependentLaunchGuard dependent_launch_{true};
 };
 
 TEST_F(CudaGraphsWithDependentLaunch, DependentKernelsOverlapOnlyAcrossAllocationsInADependentLaunchScope) {

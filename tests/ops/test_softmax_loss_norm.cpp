@@ -597,22 +597,11 @@ void expect_chain_matches(const std::vector<Tensor>& got, const std::vector<Tens
   }
 }
 
-// Sets whether the norms launch as programmatic dependents for a scope, then restores it.
-struct DependentLaunchSetting {
-  explicit DependentLaunchSetting(bool on) : before(cuda::dependent_launch_requested()) {
-    cuda::set_dependent_launch(on);
-  }
-  ~DependentLaunchSetting() { cuda::set_dependent_launch(before); }
-  DependentLaunchSetting(const DependentLaunchSetting&) = delete;
-  DependentLaunchSetting& operator=(const DependentLaunchSetting&) = delete;
-  bool before;
-};
-
 class CudaNormChain : public ::testing::TestWithParam<bool> {};  // dependent launch on or off
 
 TEST_P(CudaNormChain, MatchesTheCpuEagerlyAndInAGraph) {
   MT_SKIP_WITHOUT_CUDA();
-  const DependentLaunchSetting dependent_launch(GetParam());
+  const cuda::DependentLaunchGuard dependent_launch(GetParam());
   const int64_t rows = 4099, width = 768;
   Generator gen(43);
   std::vector<Tensor> w0, b0;
