@@ -43,7 +43,7 @@ class LambdaNode : public Node {
       std::function<std::vector<Tensor>(const std::vector<Tensor>&, const std::vector<Tensor>&, const LambdaNode&)>;
   LambdaNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
   // A node whose formula may add into the engine's sums: apply() passes it undefined ones.
-  LambdaNode(std::string name, AddingFn fn);
+  LambdaNode(std::string name, AddingFn fn) : name_(std::move(name)), adding_fn_(std::move(fn)) {}
   std::string name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
   bool adds_into_sums() const override { return static_cast<bool>(adding_fn_); }

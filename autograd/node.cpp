@@ -162,13 +162,10 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
   if (OpProfiler::active()) OpProfiler::mark("forward " + forward_op_name(*node));
 }
 
-LambdaNode::LambdaNode(std::string name, AddingFn fn) : name_(std::move(name)), adding_fn_(std::move(fn)) {
-  fn_ = [this](const std::vector<Tensor>& grads, const LambdaNode& self) {
-    return adding_fn_(grads, std::vector<Tensor>(next_edges.size()), self);
-  };
+std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) {
+  if (adding_fn_) return adding_fn_(grad_outputs, std::vector<Tensor>(next_edges.size()), *this);
+  return fn_(grad_outputs, *this);
 }
-
-std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) { return fn_(grad_outputs, *this); }
 
 std::vector<Tensor> LambdaNode::apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) {
   if (!adding_fn_) return apply(std::move(grad_outputs));
