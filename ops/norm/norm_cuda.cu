@@ -496,6 +496,11 @@ __device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
 // dweight_part / dbias_part [gridDim.x, cols] (a null one is skipped), which sum_groups_kernel
 // then reduces. Deterministic: the grid depends on the rows alone. The residual (see NormResidualGrad) is added as dx
 // is stored.
+// The rows are visited last to first (row_at), the reverse of the forward's order: a forward that ran just before
+// (a recomputed block, or the op alone) read its last rows of x last, and those are the likeliest still in L2. On an
+// H200 (op_bench layer_norm, bf16 [16384, 768], turns in one process, two calls) the op went from 73.5-76.3% of the
+// copy bandwidth to 75.2-78.6%, add_layer_norm from 77.6-87.8% to 79.3-89.7%; the graph-replayed GPT-2 step, whose
+// norms run far from their forwards, 30.9 and 30.9 ms against 30.8 and 30.9.
 template <typename T, typename G, typename D, NormKind kKind, int kPerLane, int kVec, bool kFull>
 __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
@@ -503,6 +508,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
                               const T* __restrict__ x, const acc_t<T>* __restrict__ mean,
                               const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows, int cols,
                               int stages, bool x_early) {
+  const auto row_at = [rows](int64_t visit) { return rows - 1 - visit; };  // see "last to first" above
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kWarpRowBlock / kLanes;
@@ -534,6 +540,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   const auto fill = [&](int slot, int64_t r) {
+    r = row_at(r);
     dy_rows.issue(slot, dy + r * cols, lane, cols);
     x_rows.issue(slot, x + r * cols, lane, cols);
     if (dsum != nullptr) dsum_rows.issue(slot, dsum + r * cols, lane, cols);
@@ -541,11 +548,12 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   RowRing ring{dy_rows.stages};
   if (x_early) {  // uncommitted: they join the first row's copy group
     for (int k = 0; k < ring.stages; ++k) {
-      if (first + k * stride < rows) x_rows.issue(k, x + (first + k * stride) * cols, lane, cols);
+      if (first + k * stride < rows) x_rows.issue(k, x + row_at(first + k * stride) * cols, lane, cols);
     }
   }
   start_dependent_kernel();
   ring.prologue(first, stride, rows, [&](int slot, int64_t r) {
+    r = row_at(r);
     dy_rows.issue(slot, dy + r * cols, lane, cols);
     if (!x_early) x_rows.issue(slot, x + r * cols, lane, cols);
     if (dsum != nullptr) dsum_rows.issue(slot, dsum + r * cols, lane, cols);
@@ -559,13 +567,14 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
   const auto statistics = [&](int64_t r, A& mu, A& rs) {
     mu = A(0), rs = A(0);
     if (r >= rows) return;
+    r = row_at(r);
     if constexpr (kKind == NormKind::layer) mu = mean[r];
     rs = rstd[r];
   };
   A next_mu, next_rs;
   statistics(first, next_mu, next_rs);
   for (int64_t r = first; r < rows; r += stride) {
-    const int64_t base = r * cols;
+    const int64_t base = row_at(r) * cols;
     const A mu = next_mu, rs = next_rs;
     statistics(r + stride, next_mu, next_rs);
     ring.wait();
@@ -843,11 +852,15 @@ struct StagedLaunch {
 // Row slots per warp the staged kernels ask for. Two keep the next row in flight while a warp
 // works on one; on an H200 three were slower (op_bench layer_norm 0.061 against 0.057 ms: the
 // larger rings leave fewer blocks resident). MT_NORM_STAGES (0 to 4; 0: unstaged) overrides it.
-// Rows of more than kMaxStagedRowBytes (all streamed operands together) are not staged: their
-// register loads already keep that much in flight per warp, and the rings cost resident blocks
-// (op_bench on an H200: the bf16 layer_norm's 1.5 + 3 KiB rows went from 0.056 to 0.051 ms staged,
-// add_layer_norm's f32-stream 4.5 + 7.5 KiB rows from 0.105 to 0.111 ms).
-constexpr size_t kMaxStagedRowBytes = 4096;
+// Rows of more bytes than the limits below (all streamed operands together) are not staged: their
+// register loads already keep much in flight per warp, and the rings cost resident blocks.
+// op_bench on an H200: the bf16 layer_norm's 1.5 + 3 KiB rows went from 0.056 to 0.051 ms staged,
+// add_layer_norm's f32-stream 4.5 + 7.5 KiB rows from 0.105 to 0.111 ms. Later, in turns within one
+// process: the f32 layer_norm with its backward's 6 KiB rows staged 73.1-73.5% of the copy
+// bandwidth against 66.3-66.5%, add_layer_norm with its forward's 4.5 KiB rows staged 88.0-88.1%
+// against 89.6-89.7%. Hence a limit per direction.
+constexpr size_t kMaxStagedForwardRowBytes = 4096;
+constexpr size_t kMaxStagedBackwardRowBytes = 6144;
 int wanted_stages() {
   static const int stages = [] {
     const char* text = std::getenv("MT_NORM_STAGES");
@@ -909,8 +922,8 @@ int resident_blocks_per_sm(const void* kernel, int device, KernelFacts& facts, s
 // resident at once, every warp looping over rows); unstaged on warp_row_grid(rows) blocks (at most
 // `blocks`) when kStageable is false or no stage fits.
 template <bool kStageable>
-StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_smem, size_t row_bytes, int64_t rows,
-                                int64_t blocks) {
+StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_smem, size_t row_bytes,
+                                size_t max_staged_row_bytes, int64_t rows, int64_t blocks) {
   StagedLaunch plan;
   plan.grid = warp_row_grid(rows);
   plan.smem = fixed_smem;
@@ -923,7 +936,7 @@ StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_sme
     const int64_t room =
         static_cast<int64_t>(facts.smem_per_block) - static_cast<int64_t>(facts.static_smem + fixed_smem);
     const auto staged_smem = [&](int stages) { return fixed_smem + static_cast<size_t>(stages) * kWarps * row_bytes; };
-    int stages = row_bytes > kMaxStagedRowBytes || room <= 0
+    int stages = row_bytes > max_staged_row_bytes || room <= 0
                      ? 0
                      : static_cast<int>(std::min<int64_t>(wanted_stages(), room / (kWarps * row_bytes)));
     if (stages > 0) {
@@ -937,7 +950,7 @@ StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_sme
         1, static_cast<int64_t>(resident_blocks_per_sm(kernel, device, facts, plan.smem)) * facts.sms);
     if (blocks == 0) plan.grid = static_cast<unsigned>(std::min<int64_t>(plan.grid, resident));
   } else {
-    (void)kernel, (void)device, (void)row_bytes;
+    (void)kernel, (void)device, (void)row_bytes, (void)max_staged_row_bytes;
   }
   return plan;
 }
@@ -961,8 +974,9 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
       const auto kernel = norm_forward_warp_kernel<T, Y, D, kKind, kPerLane, kVec, kFull>;
       using XRows = RowStream<T, kPerLane, kVec, kFull>;
       const size_t row_bytes = XRows::kSlotElements * (sizeof(T) + (residual.delta.defined() ? sizeof(D) : 0));
-      const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
-          reinterpret_cast<const void*>(kernel), x.device().index, kParamBytes<kPerLane>, row_bytes, rows, 0);
+      const StagedLaunch plan =
+          plan_staged_launch<XRows::kCanStage>(reinterpret_cast<const void*>(kernel), x.device().index,
+                                               kParamBytes<kPerLane>, row_bytes, kMaxStagedForwardRowBytes, rows, 0);
       cuda::launch_dependent(kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
                              static_cast<Y*>(y.data_ptr()), mutable_data_or_null<T>(residual.sum),
                              mutable_data_or_null<A>(mean), static_cast<A*>(rstd.data_ptr()),
@@ -1023,7 +1037,8 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
       const size_t row_bytes =
           XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
       const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
-          reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes, rows, groups);
+          reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes,
+          kMaxStagedBackwardRowBytes, rows, groups);
       cuda::launch_dependent(
           kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
           static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), mutable_data_or_null<A>(dw_part),
