@@ -136,4 +136,13 @@ std::string OpProfiler::report(size_t top) const {
   return out;
 }
 
+std::string profile_steps(Device device, int64_t steps, const std::function<void()>& step) {
+  OpProfiler profiler(device);
+  for (int64_t i = 0; i < steps; ++i) {
+    step();
+    profiler.step();
+  }
+  return profiler.report();
+}
+
 }  // namespace mt

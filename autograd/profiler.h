@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,5 +57,9 @@ class OpProfiler {
   std::unique_ptr<Impl> impl_;
   int64_t steps_ = 0;
 };
+
+// The loop of the example above: runs `step` `steps` times under a profiler of `device` and
+// returns its report (the benchmarks' --profile).
+std::string profile_steps(Device device, int64_t steps, const std::function<void()>& step);
 
 }  // namespace mt

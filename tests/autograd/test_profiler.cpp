@@ -50,6 +50,21 @@ TEST(OpProfiler, ChargesEachOpOnceAStepAndTheRestToAfterBackward) {
   EXPECT_NE(report.find("forward Linear"), std::string::npos) << report;
 }
 
+TEST(OpProfiler, ProfileStepsRunsTheStepThatManyTimesAndReportsThem) {
+  Generator gen(4);
+  Tensor w = randn({8, 8}, DType::f64, &gen).requires_grad_();
+  const Tensor x = randn({4, 8}, DType::f64, &gen);
+  int runs = 0;
+  const std::string report = profile_steps(Device("cpu"), 4, [&] {
+    sum(linear(x, w)).backward();
+    ++runs;
+  });
+  EXPECT_EQ(runs, 4);
+  EXPECT_NE(report.find("over 4 steps"), std::string::npos) << report;
+  EXPECT_NE(report.find("backward LinearBackward"), std::string::npos) << report;
+  EXPECT_FALSE(OpProfiler::active()) << "the profiler outlived profile_steps";
+}
+
 TEST(OpProfiler, OnlyOneAtATimeAndNothingIsMarkedWithoutOne) {
   EXPECT_FALSE(OpProfiler::active());
   {

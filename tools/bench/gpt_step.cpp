@@ -201,14 +201,7 @@ int main(int argc, char** argv) {
         std::printf("%-10s replaying a CUDA Graph of %zu nodes\n", mode.c_str(), graph_step.graph_nodes());
       }
       std::fflush(stdout);
-      if (profile_steps > 0) {
-        mt::OpProfiler profiler(device);
-        for (int64_t step = 0; step < profile_steps; ++step) {
-          train_step();
-          profiler.step();
-        }
-        std::printf("%s", profiler.report().c_str());
-      }
+      if (profile_steps > 0) std::printf("%s", mt::profile_steps(device, profile_steps, train_step).c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());

@@ -145,14 +145,7 @@ int main(int argc, char** argv) {
         "TFLOP/s, %.4f ms of bytes at %.2f TB/s\n",
         median(per_step_ms), static_cast<long long>(repeats), static_cast<long long>(steps), flop_floor_ms, gemm_tflops,
         byte_floor_ms, copy_tbps);
-    if (profile_steps > 0) {
-      mt::OpProfiler profiler(device);
-      for (int64_t i = 0; i < profile_steps; ++i) {
-        train_step();
-        profiler.step();
-      }
-      std::printf("%s", profiler.report().c_str());
-    }
+    if (profile_steps > 0) std::printf("%s", mt::profile_steps(device, profile_steps, train_step).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mlp_step: %s\n", e.what());
     return 2;
