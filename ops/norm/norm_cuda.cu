@@ -920,7 +920,8 @@ int resident_blocks_per_sm(const void* kernel, int device, KernelFacts& facts, s
 // than the unstaged kernel's registers leave (on an H200 the measured rows lose none; on devices
 // with less shared memory per SM the rings would), on at most `blocks` blocks (0: as many as are
 // resident at once, every warp looping over rows); unstaged on warp_row_grid(rows) blocks (at most
-// `blocks`) when kStageable is false or no stage fits.
+// `blocks`) when kStageable is false, row_bytes exceeds max_staged_row_bytes (the limit of the
+// kernel's direction, above) or no stage fits.
 template <bool kStageable>
 StagedLaunch plan_staged_launch(const void* kernel, int device, size_t fixed_smem, size_t row_bytes,
                                 size_t max_staged_row_bytes, int64_t rows, int64_t blocks) {
