@@ -34,11 +34,16 @@
 //
 // Timing: --warmup untimed runs, then --iters timed ones, the median printed. Each op has --sets
 // input sets (AdamW one: its state is far larger than L2), used in turn, so that repeated runs do
-// not find their inputs in the 50 MB L2. On CUDA the op's runs over every set are captured in one
-// CUDA Graph after the warm-up and each replay is timed between two events, divided by the sets:
-// the op's device time without the host's launch gaps (the way to time small ops; --eager times
-// each run between events instead, launch gaps included, as a training loop without graphs sees
-// them). An op whose capture is refused is timed eagerly, and the table says so. On the CPU,
+// not find their inputs in the 50 MB L2. On CUDA the op's runs over the sets, again and again until
+// there are at least --graph-runs of them, are captured in one CUDA Graph after the warm-up, and each
+// replay is timed between two events, divided by its runs: the op's device time without the host's
+// launch gaps (the way to time small ops; --eager times each run between events instead, launch
+// gaps included, as a training loop without graphs sees them). A replay also pays its own launch,
+// which no op pays inside a training step captured whole: on an H200 about 4 us (the replay's time
+// against its runs, 1 to 16, for layer_norm and norm_bytes). Split over 4 runs, as it was, that
+// added about 1 us to layer_norm's 38; over 32 it adds 0.13 us. The two probes (the GEMM rate
+// and the copy bandwidth) are single launches of 0.5 ms or more, timed eagerly (see the copy's).
+// An op whose capture is refused is timed eagerly, and the table says so. On the CPU,
 // steady_clock. tools/bench/op_bench_torch.py is the PyTorch twin, timed the same way, and prints
 // the same `op_bench_torch: <op> <median_ms>` lines.
 #include <CLI/CLI.hpp>
@@ -75,8 +80,9 @@ struct Shapes {
 struct Timing {
   mt::Device device;
   int64_t warmup = 5, iters = 50;
-  int64_t sets = 4;   // input sets per op, used in turn
-  bool graph = true;  // CUDA: time replays of a captured graph
+  int64_t sets = 4;         // input sets per op, used in turn
+  int64_t graph_runs = 32;  // CUDA graphs: the fewest runs of the op per replay (the sets repeated)
+  bool graph = true;        // CUDA: time replays of a captured graph
 };
 
 // One op's result: the median and what bounds it.
@@ -138,8 +144,9 @@ double time_eager_ms(const Timing& timing, const std::function<void(int64_t)>& b
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // Times one op: body(k) runs it on input set k of `sets`. On CUDA with graphs on, after the
-// warm-up the runs over every set are captured in one graph whose replays are timed; the median
-// replay over `sets` is the op's time. Sets m->timed to how it was timed.
+// warm-up the runs over the sets, repeated until there are timing.graph_runs of them (a whole number
+// of passes), are captured in one graph whose replays are timed; the median replay over its runs is
+// the op's time. Sets m->timed to how it was timed.
 double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(int64_t)>& body, Measurement* m) {
   if (!timing.device.is_cuda() || !timing.graph) {
     m->timed = "eager";
@@ -152,10 +159,13 @@ double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(i
     for (int64_t k = 0; k < sets; ++k) body(k);
   }
   const mt::cuda::Stream stream = mt::cuda::current_stream(index);
+  const int64_t passes = std::max<int64_t>(1, (timing.graph_runs + sets - 1) / sets);
   mt::cuda::Graph graph;
   try {
     graph.capture(stream, [&] {
-      for (int64_t k = 0; k < sets; ++k) body(k);
+      for (int64_t pass = 0; pass < passes; ++pass) {
+        for (int64_t k = 0; k < sets; ++k) body(k);
+      }
     });
   } catch (const std::exception& e) {
     m->timed = "eager (capture refused: " + first_line(e.what()) + ")";
@@ -164,7 +174,7 @@ double time_op_ms(const Timing& timing, int64_t sets, const std::function<void(i
   }
   graph.replay(stream);  // the first replay uploads the graph
   std::vector<double> ms = event_times_ms(index, timing.iters, [&](int64_t) { graph.replay(stream); });
-  for (double& each : ms) each /= static_cast<double>(sets);
+  for (double& each : ms) each /= static_cast<double>(passes * sets);
   m->timed = "graph";
   return median(ms);
 }
@@ -191,11 +201,15 @@ double measure_gemm_rate(const Timing& timing, mt::DType dtype, int64_t size, do
   return 2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) / ms;
 }
 
-// A device-to-device copy of mib MiB: it reads and writes every byte.
+// A device-to-device copy (cudaMemcpyAsync) of mib MiB of random f32 values: it reads and writes
+// every byte. Timed eagerly: captured in a graph the copy becomes a memcpy node that a copy engine
+// runs, on an H200 at 2.77 TB/s where the same copy launched eagerly, and a copy kernel either way,
+// reached 4.21-4.26 TB/s (PyTorch's copy_ and add, 1 GiB, 2026-12-03).
 double measure_copy_bandwidth(const Timing& timing, int64_t mib, double* ms_out) {
-  const int64_t n = mib << 20;
-  const mt::Tensor src = mt::zeros({n}, on(timing.device, mt::DType::u8));
-  const mt::Tensor dst = mt::empty({n}, on(timing.device, mt::DType::u8));
+  const int64_t n = mib << 20;  // bytes
+  mt::Generator generator(7);
+  const mt::Tensor src = mt::randn({n / 4}, on(timing.device, mt::DType::f32), &generator);
+  const mt::Tensor dst = mt::empty({n / 4}, on(timing.device, mt::DType::f32));
   const double ms = time_eager_ms(timing, [&](int64_t) { dst.copy_(src); });
   *ms_out = ms;
   return 2.0 * static_cast<double>(n) / ms;
@@ -509,7 +523,7 @@ int main(int argc, char** argv) {
   std::string device_name = "cuda", dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
   for (const std::string& op : kOps) ops_text += (ops_text.empty() ? "" : ",") + op;
   Shapes s;
-  int64_t warmup = 5, iters = 50, sets = 4, rate_size = 8192, copy_mib = 1024;
+  int64_t warmup = 5, iters = 50, sets = 4, graph_runs = 32, rate_size = 8192, copy_mib = 1024;
   bool eager = false;
   app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--dtype", dtype_name, "the ops' dtype")
@@ -522,6 +536,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(gpt_example::positive());
   app.add_option("--sets", sets, "input sets per op, used in turn (AdamW always one)")
+      ->capture_default_str()
+      ->check(gpt_example::positive());
+  app.add_option("--graph-runs", graph_runs,
+                 "CUDA graphs: the fewest runs of an op per captured graph (its sets repeated), so that a "
+                 "replay's own launch is spread over them")
       ->capture_default_str()
       ->check(gpt_example::positive());
   app.add_flag("--eager", eager, "time each run between events, launch gaps included, instead of graph replays");
@@ -572,14 +591,20 @@ int main(int argc, char** argv) {
     const mt::Device device(device_name);
     if (device.is_cuda()) mt::cuda::set_current_device(device.index);
     const mt::DType dtype = mt::parse_dtype(dtype_name), adamw_dtype = mt::parse_dtype(adamw_dtype_name);
-    const Timing timing{device, warmup, iters, sets, /*graph=*/!eager};
+    const Timing timing{device, warmup, iters, sets, graph_runs, /*graph=*/!eager};
 
     const std::string where =
         device.is_cuda() ? device.str() + " (" + mt::cuda::device_name(device.index) + ")" : device.str();
-    std::printf("op_bench on %s, %s: median of %lld timed runs after %lld warm-up, %lld input sets in turn%s\n",
-                where.c_str(), mt::dtype_name(dtype), static_cast<long long>(iters), static_cast<long long>(warmup),
-                static_cast<long long>(sets),
-                device.is_cuda() && !eager ? ", replayed from a CUDA Graph (device time)" : "");
+    const long long n_iters = iters, n_warmup = warmup, n_sets = sets, n_runs = graph_runs;
+    if (device.is_cuda() && !eager) {
+      std::printf(
+          "op_bench on %s, %s: median of %lld timed replays of a CUDA Graph of at least %lld runs over %lld "
+          "input sets in turn, after %lld warm-up runs per set (device time per run)\n",
+          where.c_str(), mt::dtype_name(dtype), n_iters, n_runs, n_sets, n_warmup);
+    } else {
+      std::printf("op_bench on %s, %s: median of %lld timed runs after %lld warm-up, %lld input sets in turn\n",
+                  where.c_str(), mt::dtype_name(dtype), n_iters, n_warmup, n_sets);
+    }
     Rates rates;
     double probe_ms = 0;
     rates.flops_per_ms = measure_gemm_rate(timing, dtype, rate_size, &probe_ms);

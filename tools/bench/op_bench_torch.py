@@ -14,8 +14,10 @@
                  LM head tied to wte), parameters and gradients in --adamw-dtype (f32 by default)
 
 Timed as op_bench times them: --sets input sets per op used in turn (AdamW one), --warmup untimed
-runs, then the runs over every set captured in one CUDA Graph (torch.cuda.graph) whose replays are
-timed between two CUDA events, divided by the sets; --eager times each run between events instead.
+runs, then the runs over the sets, repeated until there are at least --graph-runs of them, captured in
+one CUDA Graph (torch.cuda.graph) whose replays are timed between two CUDA events, divided by their
+runs (so that a replay's own launch, which no op pays inside a step captured whole, is spread over
+them); --eager times each run between events instead.
 An op whose capture fails is timed eagerly and says so. The median is printed, then one
 `op_bench_torch: <op> <median_ms>` line per op.
 """
@@ -47,7 +49,7 @@ def time_op_ms(body, sets, args):
     """body(k) runs the op on input set k. Returns (median ms per run, how it was timed)."""
     if args.eager:
         return time_eager_ms(body, sets, args.warmup, args.iters), "eager"
-    # Warm-up on a side stream, as torch.cuda.graph asks, then capture every set once.
+    # Warm-up on a side stream, as torch.cuda.graph asks, then capture the sets, passes times over.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -55,11 +57,13 @@ def time_op_ms(body, sets, args):
             for k in range(sets):
                 body(k)
     torch.cuda.current_stream().wait_stream(side)
+    passes = max(1, -(-args.graph_runs // sets))
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            for k in range(sets):
-                body(k)
+            for _ in range(passes):
+                for k in range(sets):
+                    body(k)
     except Exception as e:  # noqa: BLE001 - any refusal: say it and time eagerly
         how = f"eager (capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__})"
         print(f"op_bench_torch: {how}", file=sys.stderr)
@@ -73,7 +77,7 @@ def time_op_ms(body, sets, args):
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) / sets for start, end in events), "graph"
+    return statistics.median(start.elapsed_time(end) / (passes * sets) for start, end in events), "graph"
 
 
 def clear_grads(*tensors):
@@ -210,6 +214,8 @@ def main():
     p.add_argument("--warmup", type=non_negative, default=5)
     p.add_argument("--iters", type=positive, default=50)
     p.add_argument("--sets", type=positive, default=4, help="input sets per op, used in turn (AdamW one)")
+    p.add_argument("--graph-runs", type=positive, default=32,
+                   help="CUDA graphs: the fewest runs of an op per captured graph (its sets repeated)")
     p.add_argument("--eager", action="store_true",
                    help="time each run between events, launch gaps included, instead of graph replays")
     p.add_argument("--ops", type=op_list, default=list(OPS))
@@ -227,8 +233,10 @@ def main():
     torch.manual_seed(0)
     dtype = DTYPES[args.dtype]
     print(f"op_bench_torch on {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}: "
-          f"median of {args.iters} timed runs after {args.warmup} warm-up, {args.sets} input sets in turn"
-          + ("" if args.eager else ", replayed from a CUDA Graph (device time)"))
+          + (f"median of {args.iters} timed runs after {args.warmup} warm-up, {args.sets} input sets in turn"
+             if args.eager else
+             f"median of {args.iters} timed replays of a CUDA Graph of at least {args.graph_runs} runs over "
+             f"{args.sets} input sets in turn, after {args.warmup} warm-up runs per set (device time per run)"))
     results = []
     for op in args.ops:
         if op in ("gemm", "gemm_bias"):
