@@ -35,17 +35,17 @@
 // Timing: --warmup untimed runs, then --iters timed ones, the median printed. Each op has --sets
 // input sets (AdamW one: its state is far larger than L2), used in turn, so that repeated runs do
 // not find their inputs in the 50 MB L2. On CUDA the op's runs over the sets, again and again until
-// there are at least --graph-runs of them, are captured in one CUDA Graph after the warm-up, and each
-// replay is timed between two events, divided by its runs: the op's device time without the host's
-// launch gaps (the way to time small ops; --eager times each run between events instead, launch
-// gaps included, as a training loop without graphs sees them). A replay also pays its own launch,
-// which no op pays inside a training step captured whole: on an H200 about 4 us (the replay's time
-// against its runs, 1 to 16, for layer_norm and norm_bytes). Split over 4 runs, as it was, that
-// added about 1 us to layer_norm's 38; over 32 it adds 0.13 us. The two probes (the GEMM rate
-// and the copy bandwidth) are single launches of 0.5 ms or more, timed eagerly (see the copy's).
-// An op whose capture is refused is timed eagerly, and the table says so. On the CPU,
-// steady_clock. tools/bench/op_bench_torch.py is the PyTorch twin, timed the same way, and prints
-// the same `op_bench_torch: <op> <median_ms>` lines.
+// there are at least --graph-runs of them, are captured in one CUDA Graph after the warm-up, and
+// each replay is timed between two events, divided by its runs: the op's device time without the
+// host's launch gaps (the way to time small ops; --eager times each run between events instead,
+// launch gaps included, as a training loop without graphs sees them). A replay also pays its own
+// launch, which no op pays inside a training step captured whole: on an H200 about 3 us (2 to 5
+// in fits of the replay's time against its runs, 1 to 128, for layer_norm, add_layer_norm and
+// norm_bytes). Split over 4 runs, as it was, that added about 0.7 us to layer_norm's 38; over 32
+// it adds 0.1 us. The two probes (the GEMM rate and the copy bandwidth) are single launches of
+// 0.5 ms or more, timed eagerly (see the copy's). An op whose capture is refused is timed
+// eagerly, and the table says so. On the CPU, steady_clock. tools/bench/op_bench_torch.py is the
+// PyTorch twin, timed the same way, and prints the same `op_bench_torch: <op> <median_ms>` lines.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
