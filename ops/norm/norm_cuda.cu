@@ -7,11 +7,13 @@
 // block per row for the forward and the input gradient (block reductions in acc_t),
 // and the parameter gradients as a [groups, C] buffer of per-block partial sums over
 // row groups (column tiles of 32 threads, so reads are coalesced). Either way one
-// pass then sums the partial rows per column; deterministic, no atomics. Where dependent
+// pass then sums the partial rows per column, in a fixed order; deterministic, no atomics (the
+// warp-per-row backward's rows are read as they are written: PartialRowWorkspace). Where dependent
 // launch is on (core/cuda/dependent_launch.h; on by default), the warp-per-row kernels and that
 // final sum are launched as programmatic dependents (cuda::launch_dependent), so that each one's
 // blocks are waiting on the GPU when the kernel before it ends.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
@@ -287,6 +289,8 @@ __device__ __forceinline__ void load_params(const float* row, int lane, int j, f
 // the kernel before it (the inputs may be its outputs, and the outputs may overwrite memory it
 // reads), then lets the next one be scheduled, so that its blocks are resident and waiting when
 // this one ends. Only reads of what that kernel cannot write come before it (the backward's).
+// Two kernels differ: the warp-per-row backward lets the next one in only after its rows, and a
+// polled final sum lets it in at once and waits last (see "read as they are written" below).
 // On an H200 the blocks of one kernel started 0.8 to 1.0 us after the last block of the kernel
 // before it had ended (globaltimer stamps, op_bench layer_norm in a CUDA Graph); launched this
 // way, two kernels in a graph: 1.9 us before, the wait returning 0.4 us after.
@@ -294,6 +298,81 @@ __device__ __forceinline__ void start_dependent_kernel() {
   cuda::wait_for_prerequisite_grids();
   cuda::allow_dependent_grids();
 }
+
+// ---- the parameter gradients' partial rows, read as they are written ----
+// The warp-per-row backward's blocks each write one partial row of dweight and one of dbias, and
+// sum_groups_kernel adds them up per column. Those rows live in a workspace per (device, stream)
+// (PartialRowWorkspace) whose every word holds kUnwrittenBits between uses, so that the final sum,
+// launched as a programmatic dependent of the backward, can start on the rows already written
+// instead of waiting for the whole backward grid to complete: a word that no longer holds the mark
+// is the partial sum itself (a 32-bit store is seen whole or not at all), and the sum marks it
+// again once read, before any later backward may write it (that backward waits for this sum).
+// The mark is a NaN that no arithmetic produces: the GPU's NaN results are 0x7fffffff, and the
+// backward stores any NaN it summed as that (published).
+constexpr uint32_t kUnwrittenBits = 0xffffffffu;
+constexpr int kShortestPollNs = 32;   // sleep between reads while the words are arriving
+constexpr int kLongestPollNs = 1024;  // ... and the longest, reached while none has come for a while
+// Reads before falling back to waiting for the backward grid (longer than any backward takes to write its partial
+// rows once its blocks have all started, unless it has very many rows; then the wait serves as well).
+constexpr int kPollsBeforeWait = 4096;
+
+__device__ __forceinline__ float published(float sum) { return isnan(sum) ? __int_as_float(0x7fffffff) : sum; }
+
+__device__ __forceinline__ bool unwritten(float v) { return __float_as_uint(v) == kUnwrittenBits; }
+
+// A word the backward may be writing: a volatile load goes to the L2 each time, never to a stale line.
+__device__ __forceinline__ float load_word(const float* p) { return *static_cast<const volatile float*>(p); }
+
+// v[k] = *at[k] once each word has been written (a null at[k] is skipped and reads 0), each word
+// marked unwritten again after it is read. Sleeps between reads, twice as long each time nothing
+// arrived (up to kLongestPollNs), so that the blocks that start early, beside the backward, do
+// not crowd the L2 it streams through. If the words are still missing after kPollsBeforeWait
+// reads, waits for the backward grid to complete: then every word is there, unless the workspace
+// was used by two streams at once, which traps (an error on the host) rather than hang.
+template <int kN>
+__device__ void await_published(float* const (&at)[kN], float (&v)[kN]) {
+#pragma unroll
+  for (int k = 0; k < kN; ++k) v[k] = at[k] != nullptr ? load_word(at[k]) : 0.0f;
+  int sleep_ns = kShortestPollNs;
+  for (int poll = 0;; ++poll) {
+    bool missing = false, arrived = false;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      if (at[k] == nullptr || !unwritten(v[k])) continue;
+      v[k] = load_word(at[k]);
+      if (unwritten(v[k])) {
+        missing = true;
+      } else {
+        arrived = true;
+      }
+    }
+    if (!missing) break;
+    if (poll == kPollsBeforeWait) {
+      cuda::wait_for_prerequisite_grids();
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (at[k] != nullptr && unwritten(v[k])) v[k] = load_word(at[k]);
+        if (at[k] != nullptr && unwritten(v[k])) {
+          printf(
+              "norm backward: a partial row of the parameter gradients was not written by the backward before it "
+              "completed; its workspace was used by two streams at once\n");
+          __trap();
+        }
+      }
+      break;
+    }
+    sleep_ns = arrived ? kShortestPollNs : min(2 * sleep_ns, kLongestPollNs);
+    __nanosleep(sleep_ns);
+  }
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if (at[k] != nullptr) *at[k] = __uint_as_float(kUnwrittenBits);
+  }
+}
+
+// A polled sum ends by waiting for the backward to complete, so that its own completion, which is
+// all that the kernel after it waits for, still implies the backward's (dx among its outputs).
+__device__ __forceinline__ void finish_polled_sum() { cuda::wait_for_prerequisite_grids(); }
 
 // The parameters' way to shared memory in two steps, so that their loads are in flight while a
 // kernel issues its first rows' copies: load() reads this thread's columns (threadIdx.x + k *
@@ -551,7 +630,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
       if (first + k * stride < rows) x_rows.issue(k, x + row_at(first + k * stride) * cols, lane, cols);
     }
   }
-  start_dependent_kernel();
+  cuda::wait_for_prerequisite_grids();  // the next kernel is let in after the rows, below
   ring.prologue(first, stride, rows, [&](int slot, int64_t r) {
     r = row_at(r);
     dy_rows.issue(slot, dy + r * cols, lane, cols);
@@ -620,6 +699,12 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     }
     ring.refill(r, stride, rows, fill);  // after the stores that needed every value of the slot
   }
+  // Only now may the next kernel, the final sum, be scheduled. Let in at the start, its blocks took
+  // the SMs' spare room during the rows and read the partial rows long before any was written:
+  // on an H200 (op_bench layer_norm, bf16 [16384, 768], turns in one process) 75.0-75.4% of the
+  // copy bandwidth against 80.4-80.7% so; with the final sum waiting for this grid instead of
+  // reading the rows as they come, 79.3-79.7% at the start and 80.0% here.
+  cuda::allow_dependent_grids();
   if (!params) return;  // the same for every thread of the grid: no barrier is skipped by some
   // One [kWarps, kPerLane * 32] tile, used for dweight and then for dbias.
   __shared__ A tile[kWarps][kPerLane * kLanes];
@@ -639,7 +724,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
       A total = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) total += tile[w][c];
-      out[static_cast<int64_t>(blockIdx.x) * cols + c] = total;
+      out[static_cast<int64_t>(blockIdx.x) * cols + c] = published(total);
     }
     __syncthreads();  // before the next pass overwrites the tile
   }
@@ -770,31 +855,56 @@ __global__ void norm_param_partial_kernel(acc_t<T>* dweight_part, acc_t<T>* dbia
 // memory, in a fixed order. Narrow column tiles give a 768-wide norm 192 blocks, each thread a
 // few loads deep: 32-column tiles left it 48 blocks, 16 loads deep (3.4 us on an H200 for 256
 // groups, most of it latency).
+// With `polled` the partial rows are the warp-per-row backward's workspace (PartialRowWorkspace)
+// and that backward may still be running: each word is read until it no longer holds
+// kUnwrittenBits, then marked so again. The sums keep the same order either way.
 constexpr int kFinalCols = 8;
 constexpr int kFinalThreads = 256;
+constexpr int kFinalRowsInFlight = 8;  // group rows a thread reads before it adds the first
 
 template <typename T>
 __global__ void __launch_bounds__(kFinalThreads)
-    sum_groups_kernel(T* dweight, const acc_t<T>* dweight_part, T* dbias, const acc_t<T>* dbias_part, int64_t groups,
-                      int64_t cols) {
+    sum_groups_kernel(T* dweight, acc_t<T>* dweight_part, T* dbias, acc_t<T>* dbias_part, int64_t groups, int64_t cols,
+                      bool polled) {
   using A = acc_t<T>;
   constexpr int kLanes = rowwise::kWarpSize;
   constexpr int kWarps = kFinalThreads / kLanes;
   constexpr int kRowsPerWarp = kLanes / kFinalCols;
   constexpr int kGroupStride = kWarps * kRowsPerWarp;  // 32 group rows in flight per block
-  start_dependent_kernel();
+  if (polled) {
+    cuda::allow_dependent_grids();  // the wait comes last: see finish_polled_sum
+  } else {
+    start_dependent_kernel();
+  }
   T* out = blockIdx.y == 0 ? dweight : dbias;
-  const A* part = blockIdx.y == 0 ? dweight_part : dbias_part;
+  A* part = blockIdx.y == 0 ? dweight_part : dbias_part;
   if (out == nullptr) return;  // the whole block: no barrier is skipped by some
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int warp = static_cast<int>(threadIdx.x) / kLanes;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinalCols + lane % kFinalCols;
   A s = 0;
   if (c < cols) {
-    // Unrolled so that several loads are in flight before the first add needs one; the adds keep
-    // their order.
-#pragma unroll 8
-    for (int64_t g = warp * kRowsPerWarp + lane / kFinalCols; g < groups; g += kGroupStride) s += part[g * cols + c];
+    for (int64_t first = warp * kRowsPerWarp + lane / kFinalCols; first < groups;
+         first += kFinalRowsInFlight * kGroupStride) {
+      A v[kFinalRowsInFlight];
+      A* at[kFinalRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kFinalRowsInFlight; ++k) {
+        const int64_t g = first + k * kGroupStride;
+        at[k] = g < groups ? part + g * cols + c : nullptr;
+      }
+      if constexpr (std::is_same_v<A, float>) {
+        if (polled) await_published(at, v);
+      }
+      if (!polled) {
+#pragma unroll
+        for (int k = 0; k < kFinalRowsInFlight; ++k) v[k] = at[k] != nullptr ? *at[k] : A(0);
+      }
+#pragma unroll
+      for (int k = 0; k < kFinalRowsInFlight; ++k) {
+        if (at[k] != nullptr) s += v[k];  // in the order of the group rows, as they arrived or not
+      }
+    }
   }
   static_assert(kRowsPerWarp == 4, "two shuffle steps combine a warp's group rows");
   s += __shfl_xor_sync(0xffffffffu, s, kFinalCols);
@@ -808,6 +918,7 @@ __global__ void __launch_bounds__(kFinalThreads)
     for (int w = 1; w < kWarps; ++w) total += by_warp[w][threadIdx.x];
     out[c] = convert<T>(total);
   }
+  if (polled) finish_polled_sum();
 }
 
 // fn(tag of T, tag of IO): T is x's type (and the gradients'); IO is y's type in
@@ -990,16 +1101,61 @@ bool launch_forward_warp_rows(const Tensor& y, const Tensor& mean, const Tensor&
 }
 
 // dweight[c] and dbias[c] = the sums of their partial rows [groups, cols] over the groups, cast
-// to T; an undefined gradient is skipped.
+// to T; an undefined gradient is skipped. `polled`: the rows are a PartialRowWorkspace's, which
+// the kernel before this one, the warp-per-row backward, is still writing.
 template <typename T>
-void sum_partial_groups(const Tensor& dweight, const Tensor& dweight_part, const Tensor& dbias,
-                        const Tensor& dbias_part, int64_t groups, int64_t cols, const cuda::Stream& stream) {
-  using A = acc_t<T>;
+void sum_partial_groups(const Tensor& dweight, acc_t<T>* dweight_rows, const Tensor& dbias, acc_t<T>* dbias_rows,
+                        int64_t groups, int64_t cols, bool polled, const cuda::Stream& stream) {
   if (!dweight.defined() && !dbias.defined()) return;
+  MT_INTERNAL_ASSERT((!polled || std::is_same_v<acc_t<T>, float>), "polled partial rows are f32");
   const dim3 grid(static_cast<unsigned>((cols + kFinalCols - 1) / kFinalCols), 2);
   cuda::launch_dependent(sum_groups_kernel<T>, grid, dim3(kFinalThreads), 0, stream.handle(), stream.device(),
-                         mutable_data_or_null<T>(dweight), data_or_null<A>(dweight_part),
-                         mutable_data_or_null<T>(dbias), data_or_null<A>(dbias_part), groups, cols);
+                         mutable_data_or_null<T>(dweight), dweight.defined() ? dweight_rows : nullptr,
+                         mutable_data_or_null<T>(dbias), dbias.defined() ? dbias_rows : nullptr, groups, cols, polled);
+}
+
+// The warp-per-row backward's partial rows of dweight and dbias, [kMaxWarpRowGroups, kWarpRowCols]
+// each, for the kernels of one (device, stream): every word holds kUnwrittenBits between uses
+// (see "read as they are written" above). Made at the first backward of the stream that is not
+// being captured, and kept for the process, as the GEMMs' workspace is; a backward captured on a
+// stream that has none takes partial rows of its own and a final sum that waits for the backward
+// (GraphStep's warm-up runs make the workspace before the capture). A graph whose norms use it
+// must not run at the same time as other work on the stream it was captured on.
+// On an H200 (op_bench, bf16 [16384, 768], turns in one process; the backward letting the sum in
+// after its rows): layer_norm 80.7% of the copy bandwidth in one call and 80.3-80.6% in another
+// with the rows read as they come, against 80.0% with the sum waiting for the backward grid (and
+// 79.3-79.7% as before, the backward letting the sum in at its start). With the backward letting
+// it in at its start, the rows in the workspace but awaited so gave 77.7% against 79.4-79.7%: the
+// marks cost some of what reading early gains. add_layer_norm 88.9% against 89.2% waiting.
+struct PartialRowWorkspace {
+  static constexpr int64_t kWords = 2 * kMaxWarpRowGroups * kWarpRowCols;
+  Tensor words;         // f32 [kWords]: dweight's rows, then dbias's
+  bool marked = false;  // every word holds kUnwrittenBits: false from a backward's launch until its sum's
+  float* dweight_rows() const { return static_cast<float*>(words.data_ptr()); }
+  float* dbias_rows() const { return dweight_rows() + kWords / 2; }
+};
+
+// The workspace of `stream`, marked; null while the stream is being captured and it has no
+// marked workspace (making or marking one would put that into the graph).
+PartialRowWorkspace* partial_row_workspace(const cuda::Stream& stream) {
+  static auto* mutex = new std::mutex();  // never destroyed, like the map it guards
+  static auto* spaces = new std::map<std::pair<int, cuda::StreamHandle>, PartialRowWorkspace>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  PartialRowWorkspace& space = (*spaces)[std::make_pair(stream.device(), stream.handle())];
+  if (space.marked) return &space;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MT_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (!space.words.defined()) {
+    // mt::empty allocates on current_stream(device), the stream this workspace serves.
+    space.words =
+        empty({PartialRowWorkspace::kWords}, TensorOptions().dtype(DType::f32).device(cuda_device(stream.device())));
+  }
+  static_assert(kUnwrittenBits == 0xffffffffu, "the mark is every byte 0xff");
+  MT_CUDA_CHECK(
+      cudaMemsetAsync(space.words.data_ptr(), 0xff, PartialRowWorkspace::kWords * sizeof(float), stream.handle()));
+  space.marked = true;
+  return &space;
 }
 
 // The warp-per-row backward when it takes the rows (as launch_forward_warp_rows, and only with
@@ -1023,9 +1179,19 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
     const int64_t groups = std::min<int64_t>(
         std::max<int64_t>(by_rows_per_warp, std::min<int64_t>(warp_row_grid(rows), kMinBackwardGroups)),
         kMaxWarpRowGroups);
+    // The partial rows [groups, C]: the stream's workspace, or where it has none (a capture), rows of their own.
+    PartialRowWorkspace* const workspace =
+        dweight.defined() || dbias.defined() ? partial_row_workspace(stream) : nullptr;
     const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
-    const Tensor dw_part = dweight.defined() ? empty({groups, cols}, acc) : Tensor();  // [groups, C]
-    const Tensor db_part = dbias.defined() ? empty({groups, cols}, acc) : Tensor();    // [groups, C]
+    const Tensor dw_part = dweight.defined() && workspace == nullptr ? empty({groups, cols}, acc) : Tensor();
+    const Tensor db_part = dbias.defined() && workspace == nullptr ? empty({groups, cols}, acc) : Tensor();
+    A* const dw_rows = !dweight.defined()     ? nullptr
+                       : workspace != nullptr ? workspace->dweight_rows()
+                                              : static_cast<A*>(dw_part.data_ptr());
+    A* const db_rows = !dbias.defined()       ? nullptr
+                       : workspace != nullptr ? workspace->dbias_rows()
+                                              : static_cast<A*>(db_part.data_ptr());
+    if (workspace != nullptr) workspace->marked = false;  // until the sum that marks the rows again is launched
     // x may be read before the kernel before this one has ended unless it is the residual
     // forward's sum (see the kernel).
     const bool x_early = !residual.dsum.defined();
@@ -1040,14 +1206,17 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
       const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
           reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes,
           kMaxStagedBackwardRowBytes, rows, groups);
-      cuda::launch_dependent(
-          kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
-          static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), mutable_data_or_null<A>(dw_part),
-          mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
-          static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()),
-          data_or_null<T>(weight), rows, static_cast<int>(cols), plan.stages, x_early);
+      // One partial row per block, every one of them summed (and, polled, awaited).
+      MT_INTERNAL_ASSERT(plan.grid == groups, "norm backward: ", plan.grid, " blocks for ", groups, " partial rows");
+      cuda::launch_dependent(kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
+                             static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), dw_rows, db_rows,
+                             static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
+                             static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean),
+                             static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows,
+                             static_cast<int>(cols), plan.stages, x_early);
     });
-    sum_partial_groups<T>(dweight, dw_part, dbias, db_part, groups, cols, stream);
+    sum_partial_groups<T>(dweight, dw_rows, dbias, db_rows, groups, cols, /*polled=*/workspace != nullptr, stream);
+    if (workspace != nullptr) workspace->marked = true;
     return true;
   }
 }
@@ -1114,7 +1283,8 @@ void launch_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbia
         mutable_data_or_null<A>(dw_part), mutable_data_or_null<A>(db_part), static_cast<const G*>(dy.data_ptr()),
         data_or_null<T>(x), data_or_null<A>(mean), data_or_null<A>(rstd), rows, cols);
     MT_CUDA_CHECK_LAUNCH();
-    sum_partial_groups<T>(dweight, dw_part, dbias, db_part, groups, cols, stream);
+    sum_partial_groups<T>(dweight, mutable_data_or_null<A>(dw_part), dbias, mutable_data_or_null<A>(db_part), groups,
+                          cols, /*polled=*/false, stream);
   });
 }
 
