@@ -177,7 +177,10 @@ class Graph {
   // returns what would make capture() refuse it (tensors kept, or older ones freed), or "".
   // A step that fails this check is refused while it still runs (a refused capture runs nothing).
   static std::string observe(const Stream& stream, const std::function<void()>& body);
-  void replay(const Stream& stream) const;  // the recorded work, enqueued on `stream`
+  // The recorded work, enqueued on `stream`. Library workspaces (cuBLASLt's, the norms' partial
+  // rows) are those of the stream it was captured on: replay it there, or while nothing else runs
+  // on that stream.
+  void replay(const Stream& stream) const;
   bool captured() const { return exec_ != nullptr; }
   size_t nodes() const { return nodes_; }  // kernels, copies, allocations... in the graph
   // Writes the graph as Graphviz dot, each node with its kernel's name and launch shape

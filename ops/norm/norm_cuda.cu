@@ -307,13 +307,14 @@ __device__ __forceinline__ void start_dependent_kernel() {
 // instead of waiting for the whole backward grid to complete: a word that no longer holds the mark
 // is the partial sum itself (a 32-bit store is seen whole or not at all), and the sum marks it
 // again once read, before any later backward may write it (that backward waits for this sum).
-// The mark is a NaN that no arithmetic produces: the GPU's NaN results are 0x7fffffff, and the
-// backward stores any NaN it summed as that (published).
+// The mark is a NaN that the backward never stores: it stores every NaN it summed as 0x7fffffff
+// (published).
 constexpr uint32_t kUnwrittenBits = 0xffffffffu;
 constexpr int kShortestPollNs = 32;   // sleep between reads while the words are arriving
 constexpr int kLongestPollNs = 1024;  // ... and the longest, reached while none has come for a while
-// Reads before falling back to waiting for the backward grid (longer than any backward takes to write its partial
-// rows once its blocks have all started, unless it has very many rows; then the wait serves as well).
+// Reads before falling back to waiting for the backward grid. The sum starts once every block of
+// the backward has a warp past its rows, so this only has to outlast the last rows and the blocks'
+// epilogues (a few us).
 constexpr int kPollsBeforeWait = 4096;
 
 __device__ __forceinline__ float published(float sum) { return isnan(sum) ? __int_as_float(0x7fffffff) : sum; }
@@ -325,10 +326,12 @@ __device__ __forceinline__ float load_word(const float* p) { return *static_cast
 
 // v[k] = *at[k] once each word has been written (a null at[k] is skipped and reads 0), each word
 // marked unwritten again after it is read. Sleeps between reads, twice as long each time nothing
-// arrived (up to kLongestPollNs), so that the blocks that start early, beside the backward, do
-// not crowd the L2 it streams through. If the words are still missing after kPollsBeforeWait
-// reads, waits for the backward grid to complete: then every word is there, unless the workspace
-// was used by two streams at once, which traps (an error on the host) rather than hang.
+// arrived (up to kLongestPollNs), so that the reads do not crowd the L2 that the backward's last
+// stores go through. If words are still missing after kPollsBeforeWait reads, waits for the
+// backward grid to complete: then every word is there. One still marked after that can only have
+// been taken by another sum, from work not ordered on one stream (a graph replayed beside work on
+// the stream it was captured on); that traps, rather than hang. Other such sharing would mix two
+// backwards' rows unnoticed, hence the rule on PartialRowWorkspace.
 template <int kN>
 __device__ void await_published(float* const (&at)[kN], float (&v)[kN]) {
 #pragma unroll
@@ -355,7 +358,7 @@ __device__ void await_published(float* const (&at)[kN], float (&v)[kN]) {
         if (at[k] != nullptr && unwritten(v[k])) {
           printf(
               "norm backward: a partial row of the parameter gradients was not written by the backward before it "
-              "completed; its workspace was used by two streams at once\n");
+              "completed; its stream's workspace was used by work not ordered on that stream\n");
           __trap();
         }
       }
@@ -699,7 +702,8 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     }
     ring.refill(r, stride, rows, fill);  // after the stores that needed every value of the slot
   }
-  // Only now may the next kernel, the final sum, be scheduled. Let in at the start, its blocks took
+  // Only now may the next kernel, the final sum, be scheduled (once every block has a warp past its
+  // rows: the first warp's signal counts for its block). Let in at the start, its blocks took
   // the SMs' spare room during the rows and read the partial rows long before any was written:
   // on an H200 (op_bench layer_norm, bf16 [16384, 768], turns in one process) 75.0-75.4% of the
   // copy bandwidth against 80.4-80.7% so; with the final sum waiting for this grid instead of
@@ -1120,7 +1124,10 @@ void sum_partial_groups(const Tensor& dweight, acc_t<T>* dweight_rows, const Ten
 // being captured, and kept for the process, as the GEMMs' workspace is; a backward captured on a
 // stream that has none takes partial rows of its own and a final sum that waits for the backward
 // (GraphStep's warm-up runs make the workspace before the capture). A graph whose norms use it
-// must not run at the same time as other work on the stream it was captured on.
+// must be replayed on the stream it was captured on, or while no other work runs on that stream.
+// Known limits, to be closed: the backward and its sum are two launches, so a host thread that
+// enqueues a norm backward on the same stream between them (two threads sharing a stream), or a
+// sum launch that fails after its backward has run, leaves words that the next sum would misread.
 // On an H200 (op_bench, bf16 [16384, 768], turns in one process; the backward letting the sum in
 // after its rows): layer_norm 80.7% of the copy bandwidth in one call and 80.3-80.6% in another
 // with the rows read as they come, against 80.0% with the sum waiting for the backward grid (and
