@@ -301,13 +301,14 @@ __device__ __forceinline__ void start_dependent_kernel() {
 
 // ---- the parameter gradients' partial rows, read as they are written ----
 // The warp-per-row backward's blocks each write one partial row of dweight and one of dbias, and
-// sum_groups_kernel adds them up per column. Those rows live in a workspace per (device, stream)
-// (PartialRowWorkspace) whose every word holds kUnwrittenBits between uses, so that the final sum,
-// launched as a programmatic dependent of the backward, can start on the rows already written
-// instead of waiting for the whole backward grid to complete: a word that no longer holds the mark
-// is the partial sum itself (a 32-bit store is seen whole or not at all), and the sum marks it
-// again once read, before any later backward may write it (that backward waits for this sum).
-// The mark is a NaN that the backward never stores: it stores every NaN it summed as 0x7fffffff
+// sum_groups_kernel adds them up per column. Where the dependent launch is on, those rows live in
+// a workspace per (device, stream) (PartialRowWorkspace) whose every word holds kUnwrittenBits
+// between uses, so that the final sum, a programmatic dependent of the backward, can start on the
+// rows already written instead of waiting for the whole backward grid to complete: a word that no
+// longer holds the mark is the partial sum itself (the backward stores it and the sum loads it as
+// one relaxed 32-bit access at GPU scope, seen whole or not at all), and the sum marks it again
+// once read, before any later backward may write it (that backward waits for this sum). The mark
+// is a NaN that the backward never stores: it stores every NaN it summed as 0x7fffffff
 // (published).
 constexpr uint32_t kUnwrittenBits = 0xffffffffu;
 constexpr int kShortestPollNs = 32;   // sleep between reads while the words are arriving
@@ -321,8 +322,16 @@ __device__ __forceinline__ float published(float sum) { return isnan(sum) ? __in
 
 __device__ __forceinline__ bool unwritten(float v) { return __float_as_uint(v) == kUnwrittenBits; }
 
-// A word the backward may be writing: a volatile load goes to the L2 each time, never to a stale line.
-__device__ __forceinline__ float load_word(const float* p) { return *static_cast<const volatile float*>(p); }
+// The words both kernels touch while both run: relaxed accesses at GPU scope (no data race in
+// the PTX memory model, and never served by a stale L1 line).
+__device__ __forceinline__ float load_word(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_word(float* p, float v) {
+  asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
 
 // v[k] = *at[k] once each word has been written (a null at[k] is skipped and reads 0), each word
 // marked unwritten again after it is read. Sleeps between reads, twice as long each time nothing
@@ -357,8 +366,8 @@ __device__ void await_published(float* const (&at)[kN], float (&v)[kN]) {
         if (at[k] != nullptr && unwritten(v[k])) v[k] = load_word(at[k]);
         if (at[k] != nullptr && unwritten(v[k])) {
           printf(
-              "norm backward: a partial row of the parameter gradients was not written by the backward before it "
-              "completed; its stream's workspace was used by work not ordered on that stream\n");
+              "norm backward: a partial row of the parameter gradients was still unwritten after the backward "
+              "completed: its stream's workspace was used by work not ordered on that stream\n");
           __trap();
         }
       }
@@ -369,7 +378,7 @@ __device__ void await_published(float* const (&at)[kN], float (&v)[kN]) {
   }
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    if (at[k] != nullptr) *at[k] = __uint_as_float(kUnwrittenBits);
+    if (at[k] != nullptr) store_word(at[k], __uint_as_float(kUnwrittenBits));
   }
 }
 
@@ -728,7 +737,7 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
       A total = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) total += tile[w][c];
-      out[static_cast<int64_t>(blockIdx.x) * cols + c] = published(total);
+      store_word(out + static_cast<int64_t>(blockIdx.x) * cols + c, published(total));
     }
     __syncthreads();  // before the next pass overwrites the tile
   }
@@ -1120,14 +1129,12 @@ void sum_partial_groups(const Tensor& dweight, acc_t<T>* dweight_rows, const Ten
 
 // The warp-per-row backward's partial rows of dweight and dbias, [kMaxWarpRowGroups, kWarpRowCols]
 // each, for the kernels of one (device, stream): every word holds kUnwrittenBits between uses
-// (see "read as they are written" above). Made at the first backward of the stream that is not
-// being captured, and kept for the process, as the GEMMs' workspace is; a backward captured on a
-// stream that has none takes partial rows of its own and a final sum that waits for the backward
-// (GraphStep's warm-up runs make the workspace before the capture). A graph whose norms use it
-// must be replayed on the stream it was captured on, or while no other work runs on that stream.
-// Known limits, to be closed: the backward and its sum are two launches, so a host thread that
-// enqueues a norm backward on the same stream between them (two threads sharing a stream), or a
-// sum launch that fails after its backward has run, leaves words that the next sum would misread.
+// (see "read as they are written" above). Made at the first backward of the stream, where the
+// dependent launch is on (elsewhere the sum runs after the backward anyway), outside a capture,
+// and kept for the process, as the GEMMs' workspace is. A backward captured on a stream that has
+// none takes partial rows of its own and a final sum that waits for the backward (GraphStep's
+// warm-up runs make the workspace before the capture). So a graph whose norms use it must be
+// replayed on the stream it was captured on, or while no other work runs on that stream.
 // On an H200 (op_bench, bf16 [16384, 768], turns in one process; the backward letting the sum in
 // after its rows): layer_norm 80.7% of the copy bandwidth in one call and 80.3-80.6% in another
 // with the rows read as they come, against 80.0% with the sum waiting for the backward grid (and
@@ -1137,32 +1144,61 @@ void sum_partial_groups(const Tensor& dweight, acc_t<T>* dweight_rows, const Ten
 struct PartialRowWorkspace {
   static constexpr int64_t kWords = 2 * kMaxWarpRowGroups * kWarpRowCols;
   Tensor words;         // f32 [kWords]: dweight's rows, then dbias's
-  bool marked = false;  // every word holds kUnwrittenBits: false from a backward's launch until its sum's
+  bool marked = false;  // every word holds kUnwrittenBits (or will, by the time the stream gets there)
+  std::mutex in_use;    // held from a backward's launch to its sum's: host threads may share a stream
   float* dweight_rows() const { return static_cast<float*>(words.data_ptr()); }
   float* dbias_rows() const { return dweight_rows() + kWords / 2; }
+
+  // Puts the mark in every word, on `stream` (the one this workspace serves).
+  void mark(const cuda::Stream& stream) {
+    static_assert(kUnwrittenBits == 0xffffffffu, "the mark is every byte 0xff");
+    MT_CUDA_CHECK(cudaMemsetAsync(words.data_ptr(), 0xff, kWords * sizeof(float), stream.handle()));
+    marked = true;
+  }
+
+  // After a backward launched without its sum (the sum's launch threw): its words may stay
+  // unmarked, so they are all marked again now, ahead of any later use of the stream (a graph
+  // replayed next would read them). Under a capture nothing ran, and the words are as they were.
+  void recover(const cuda::Stream& stream) noexcept {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream.handle(), &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+      marked = true;
+      return;
+    }
+    try {
+      mark(stream);
+    } catch (...) {  // marked stays false: the stream's next backward outside a capture marks them
+    }
+  }
 };
 
-// The workspace of `stream`, marked; null while the stream is being captured and it has no
-// marked workspace (making or marking one would put that into the graph).
-PartialRowWorkspace* partial_row_workspace(const cuda::Stream& stream) {
+// The marked workspace of `stream`, held (`lease` owns its lock); null, and `lease` empty, where
+// the dependent launch is off or the stream is being captured without a marked workspace (making
+// or marking one would put that into the graph).
+PartialRowWorkspace* partial_row_workspace(const cuda::Stream& stream, std::unique_lock<std::mutex>& lease) {
+  if (!cuda::dependent_launch_enabled(stream.device())) return nullptr;
   static auto* mutex = new std::mutex();  // never destroyed, like the map it guards
   static auto* spaces = new std::map<std::pair<int, cuda::StreamHandle>, PartialRowWorkspace>();
-  std::lock_guard<std::mutex> lock(*mutex);
-  PartialRowWorkspace& space = (*spaces)[std::make_pair(stream.device(), stream.handle())];
-  if (space.marked) return &space;
+  PartialRowWorkspace* space = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(*mutex);
+    space = &(*spaces)[std::make_pair(stream.device(), stream.handle())];  // map nodes do not move
+  }
+  lease = std::unique_lock<std::mutex>(space->in_use);
+  if (space->marked) return space;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MT_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
-  if (!space.words.defined()) {
+  if (capture != cudaStreamCaptureStatusNone) {
+    lease = std::unique_lock<std::mutex>();
+    return nullptr;
+  }
+  if (!space->words.defined()) {
     // mt::empty allocates on current_stream(device), the stream this workspace serves.
-    space.words =
+    space->words =
         empty({PartialRowWorkspace::kWords}, TensorOptions().dtype(DType::f32).device(cuda_device(stream.device())));
   }
-  static_assert(kUnwrittenBits == 0xffffffffu, "the mark is every byte 0xff");
-  MT_CUDA_CHECK(
-      cudaMemsetAsync(space.words.data_ptr(), 0xff, PartialRowWorkspace::kWords * sizeof(float), stream.handle()));
-  space.marked = true;
-  return &space;
+  space->mark(stream);
+  return space;
 }
 
 // The warp-per-row backward when it takes the rows (as launch_forward_warp_rows, and only with
@@ -1187,8 +1223,9 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
         std::max<int64_t>(by_rows_per_warp, std::min<int64_t>(warp_row_grid(rows), kMinBackwardGroups)),
         kMaxWarpRowGroups);
     // The partial rows [groups, C]: the stream's workspace, or where it has none (a capture), rows of their own.
+    std::unique_lock<std::mutex> lease;
     PartialRowWorkspace* const workspace =
-        dweight.defined() || dbias.defined() ? partial_row_workspace(stream) : nullptr;
+        dweight.defined() || dbias.defined() ? partial_row_workspace(stream, lease) : nullptr;
     const TensorOptions acc = TensorOptions().dtype(dtype_of<A>()).device(dy.device());
     const Tensor dw_part = dweight.defined() && workspace == nullptr ? empty({groups, cols}, acc) : Tensor();
     const Tensor db_part = dbias.defined() && workspace == nullptr ? empty({groups, cols}, acc) : Tensor();
@@ -1199,30 +1236,35 @@ bool launch_backward_warp_rows(const Tensor& dx, const Tensor& dweight, const Te
                        : workspace != nullptr ? workspace->dbias_rows()
                                               : static_cast<A*>(db_part.data_ptr());
     if (workspace != nullptr) workspace->marked = false;  // until the sum that marks the rows again is launched
-    // x may be read before the kernel before this one has ended unless it is the residual
-    // forward's sum (see the kernel).
-    const bool x_early = !residual.dsum.defined();
-    const std::initializer_list<const Tensor*> operands = {&dx, &dy, &x, &weight, &residual.dsum, &residual.ddelta};
-    dispatch_row_layout(cols, operands, [&](auto per_lane, auto vec, auto full) {
-      constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
-      constexpr bool kFull = decltype(full)::value;
-      const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec, kFull>;
-      using XRows = RowStream<T, kPerLane, kVec, kFull>;
-      const size_t row_bytes =
-          XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
-      const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
-          reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes,
-          kMaxStagedBackwardRowBytes, rows, groups);
-      // One partial row per block, every one of them summed (and, polled, awaited).
-      MT_INTERNAL_ASSERT(plan.grid == groups, "norm backward: ", plan.grid, " blocks for ", groups, " partial rows");
-      cuda::launch_dependent(kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
-                             static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), dw_rows, db_rows,
-                             static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum),
-                             static_cast<const T*>(x.data_ptr()), data_or_null<A>(mean),
-                             static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows,
-                             static_cast<int>(cols), plan.stages, x_early);
-    });
-    sum_partial_groups<T>(dweight, dw_rows, dbias, db_rows, groups, cols, /*polled=*/workspace != nullptr, stream);
+    try {
+      // x may be read before the kernel before this one has ended unless it is the residual
+      // forward's sum (see the kernel).
+      const bool x_early = !residual.dsum.defined();
+      const std::initializer_list<const Tensor*> operands = {&dx, &dy, &x, &weight, &residual.dsum, &residual.ddelta};
+      dispatch_row_layout(cols, operands, [&](auto per_lane, auto vec, auto full) {
+        constexpr int kPerLane = decltype(per_lane)::value, kVec = decltype(vec)::value;
+        constexpr bool kFull = decltype(full)::value;
+        const auto kernel = norm_backward_warp_kernel<T, G, D, kKind, kPerLane, kVec, kFull>;
+        using XRows = RowStream<T, kPerLane, kVec, kFull>;
+        const size_t row_bytes =
+            XRows::kSlotElements * (sizeof(G) + sizeof(T) + (residual.dsum.defined() ? sizeof(T) : 0));
+        const StagedLaunch plan = plan_staged_launch<XRows::kCanStage>(
+            reinterpret_cast<const void*>(kernel), dy.device().index, kParamBytes<kPerLane>, row_bytes,
+            kMaxStagedBackwardRowBytes, rows, groups);
+        // One partial row per block, every one of them summed (and, polled, awaited).
+        MT_INTERNAL_ASSERT(plan.grid == groups, "norm backward: ", plan.grid, " blocks for ", groups, " partial rows");
+        cuda::launch_dependent(
+            kernel, dim3(plan.grid), dim3(kWarpRowBlock), plan.smem, stream.handle(), stream.device(),
+            static_cast<T*>(dx.data_ptr()), mutable_data_or_null<D>(residual.ddelta), dw_rows, db_rows,
+            static_cast<const G*>(dy.data_ptr()), data_or_null<T>(residual.dsum), static_cast<const T*>(x.data_ptr()),
+            data_or_null<A>(mean), static_cast<const A*>(rstd.data_ptr()), data_or_null<T>(weight), rows,
+            static_cast<int>(cols), plan.stages, x_early);
+      });
+      sum_partial_groups<T>(dweight, dw_rows, dbias, db_rows, groups, cols, /*polled=*/workspace != nullptr, stream);
+    } catch (...) {
+      if (workspace != nullptr) workspace->recover(stream);
+      throw;
+    }
     if (workspace != nullptr) workspace->marked = true;
     return true;
   }

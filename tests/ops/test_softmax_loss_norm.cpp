@@ -643,11 +643,12 @@ INSTANTIATE_TEST_SUITE_P(LayerNorm, CudaNormChain, ::testing::Bool(), [](const :
 
 // The warp-per-row backward's final sum reads the parameter gradients' partial rows as the
 // backward writes them, from a workspace that each stream makes at its first backward outside a
-// capture; a capture on a stream without one sums rows of its own after the backward has ended.
-// Both must give the gradients of the eager run bit for bit (the sums keep one order, whenever
-// each partial row arrives), over replays with new inputs and with rows of several sizes in turn
-// on one workspace (a word left unmarked would be summed as the next backward's). bf16 rows
-// of 768 and 100 columns, dependent launch on; against the CPU within 2e-2 relative L2.
+// capture (where the dependent launch is on, sm_90); a capture on a stream without one sums rows
+// of its own after the backward has ended. Both must give the gradients of the eager run bit for
+// bit (the sums keep one order, whenever each partial row arrives), over replays with new inputs
+// and with rows of several sizes in turn on one workspace (a word left unmarked would be summed
+// as the next backward's): bf16 layer norms of 768 and 100 columns, then an RMS norm (no dbias
+// rows). Against the CPU within 2e-2 relative L2.
 TEST(LayerNorm, CudaGraphsWithAndWithoutTheStreamsPartialRowWorkspaceGiveTheEagerGradients) {
   MT_SKIP_WITHOUT_CUDA();
   const cuda::DependentLaunchGuard dependent_launch(true);
@@ -655,20 +656,30 @@ TEST(LayerNorm, CudaGraphsWithAndWithoutTheStreamsPartialRowWorkspaceGiveTheEage
   const cuda::Stream fresh = cuda::Stream::create(gpu.index);  // no norm has run on it yet
   const cuda::StreamGuard on_fresh(fresh);
   Generator gen(47);
-  for (const int64_t width : {768, 100}) {
-    const int64_t rows = width == 768 ? 20011 : 300;
-    const Tensor inputs[2] = {randn({rows, width}, DType::bf16, &gen), randn({rows, width}, DType::bf16, &gen) * 2.0};
-    const Tensor w0 = randn({width}, DType::bf16, &gen), b0 = randn({width}, DType::bf16, &gen);
-    const Tensor dy = raw::to(randn({rows, width}, DType::bf16, &gen), gpu);
-    Tensor x = raw::to(inputs[0], gpu).requires_grad_();
-    Tensor w = raw::to(w0, gpu).requires_grad_(), b = raw::to(b0, gpu).requires_grad_();
-    const auto run = [&] {
-      layer_norm(x, w, b, 1e-5).backward(dy);
-      std::vector<Tensor> grads = {x.grad(), w.grad(), b.grad()};
+  struct Case {
+    int64_t width, rows;
+    bool rms;
+  };
+  for (const Case& c : {Case{768, 20011, false}, Case{100, 300, false}, Case{768, 4099, true}}) {
+    const Tensor inputs[2] = {randn({c.rows, c.width}, DType::bf16, &gen),
+                              randn({c.rows, c.width}, DType::bf16, &gen) * 2.0};
+    const Tensor w0 = randn({c.width}, DType::bf16, &gen), b0 = randn({c.width}, DType::bf16, &gen);
+    const Tensor dy_cpu = randn({c.rows, c.width}, DType::bf16, &gen);
+    // dx, dweight and (layer norm) dbias of one forward and backward, the gradients cleared after.
+    const auto grads_of = [&](Tensor& x, Tensor& w, Tensor& b, const Tensor& dy) {
+      (c.rms ? rms_norm(x, w, 1e-5) : layer_norm(x, w, b, 1e-5)).backward(dy);
+      std::vector<Tensor> grads = {x.grad(), w.grad()};
+      if (!c.rms) grads.push_back(b.grad());
       x.set_grad(Tensor()), w.set_grad(Tensor()), b.set_grad(Tensor());
       return grads;
     };
-    const auto capture = [&](std::vector<Tensor>& results) {
+    const Tensor dy = raw::to(dy_cpu, gpu);
+    Tensor x = raw::to(inputs[0], gpu).requires_grad_();
+    Tensor w = raw::to(w0, gpu).requires_grad_(), b = raw::to(b0, gpu).requires_grad_();
+    const auto run = [&] { return grads_of(x, w, b, dy); };
+    const auto capture = [&](std::vector<Tensor>& results) {  // results: made beforehand, as a graph needs
+      results = {empty_like(x), empty_like(w)};
+      if (!c.rms) results.push_back(empty_like(b));
       cuda::Graph graph;
       graph.capture(fresh, [&] {
         const std::vector<Tensor> grads = run();
@@ -676,28 +687,24 @@ TEST(LayerNorm, CudaGraphsWithAndWithoutTheStreamsPartialRowWorkspaceGiveTheEage
       });
       return graph;
     };
-    const auto cpu_grads = [&](const Tensor& input) {
-      Tensor xc = input.clone().requires_grad_(), wc = w0.clone().requires_grad_(), bc = b0.clone().requires_grad_();
-      layer_norm(xc, wc, bc, 1e-5).backward(raw::to(dy, Device("cpu")));
-      return std::vector<Tensor>{xc.grad(), wc.grad(), bc.grad()};
-    };
-    std::vector<Tensor> own_rows = {empty_like(x), empty_like(w), empty_like(b)};
-    std::vector<Tensor> workspace_rows = {empty_like(x), empty_like(w), empty_like(b)};
-    // The first width's capture comes before any backward on the stream: rows of its own.
+    std::vector<Tensor> own_rows, workspace_rows;
+    // The first case's capture comes before any backward on the stream: rows of their own.
     std::unique_ptr<cuda::Graph> first_capture;
-    if (width == 768) first_capture = std::make_unique<cuda::Graph>(capture(own_rows));
-    const std::vector<Tensor> eager = run();  // makes the workspace (the first width) or reuses it
+    if (c.width == 768 && !c.rms) first_capture = std::make_unique<cuda::Graph>(capture(own_rows));
+    const std::vector<Tensor> eager = run();  // makes the workspace (the first case) or reuses it
     cuda::Graph with_workspace = capture(workspace_rows);
     for (int i = 0; i < 2; ++i) {
       x.detach().copy_(raw::to(inputs[i], gpu));
-      const std::vector<Tensor> want = cpu_grads(inputs[i]);
+      Tensor xc = inputs[i].clone().requires_grad_(), wc = w0.clone().requires_grad_(),
+             bc = b0.clone().requires_grad_();
+      const std::vector<Tensor> want = grads_of(xc, wc, bc, dy_cpu);
       const std::vector<Tensor> again = run();
       with_workspace.replay(fresh);
       if (first_capture) first_capture->replay(fresh);
       const char* names[] = {"dx", "dweight", "dbias"};
-      for (size_t g = 0; g < 3; ++g) {
-        const std::string what =
-            std::string(names[g]) + ", width " + std::to_string(width) + ", input " + std::to_string(i);
+      for (size_t g = 0; g < want.size(); ++g) {
+        const std::string what = std::string(c.rms ? "rms_norm " : "layer_norm ") + names[g] + ", width " +
+                                 std::to_string(c.width) + ", input " + std::to_string(i);
         EXPECT_LE(relative_l2(again[g].to_vector<double>(), want[g].to_vector<double>()), 2e-2) << what;
         EXPECT_EQ(workspace_rows[g].to_vector<double>(), again[g].to_vector<double>()) << what << ", workspace graph";
         if (first_capture) EXPECT_EQ(own_rows[g].to_vector<double>(), again[g].to_vector<double>()) << what;
