@@ -330,9 +330,11 @@ __device__ __forceinline__ bool unwritten(float v) { return __float_as_uint(v) =
 // per backward that no floor counts. On an H200 (op_bench, bf16 [16384, 768], three rounds of
 // alternating processes, copy 4229-4237 GB/s): layer_norm 76.4-77.0% of the copy bandwidth
 // against 75.8-76.6% without, add_layer_norm 88.2-88.3% against 87.3-87.4%.
+// Not volatile: the policy is a pure value, so the compiler may make it once per thread instead
+// of once per access (the sum's reads repeat while it polls).
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 __device__ __forceinline__ float load_word(const float* p) {
