@@ -6,6 +6,9 @@
 // nothing (the data is there when the copy returns).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 namespace mt::cuda {
 
 // 16 bytes from global_src to shared_dst, both 16-byte aligned; cached in L2 only (.cg), as
@@ -46,6 +49,26 @@ __device__ __forceinline__ void wait_async_copies(int pending) {
   }
 #else
   (void)pending;
+#endif
+}
+
+// Asks the L2 to fetch [p, p + bytes) from device memory (sm_90 and later: one bulk prefetch of
+// the 16-byte-aligned span inside it, issued by the calling thread alone; before sm_90 nothing).
+// A hint, not an access: it loads nothing into registers or shared memory and orders nothing,
+// so a programmatic dependent (core/cuda/dependent_launch.cuh) may issue it before
+// wait_for_prerequisite_grids even for memory that the kernel before it writes. Those writes land
+// in the L2 after or over what the prefetch brought, and the L2 is where every later load of the
+// line is served (cp.async.cg and the prefetch skip the L1), so no load sees stale data.
+__device__ __forceinline__ void prefetch_to_l2(const void* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
+  if (end > start) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start), "r"(static_cast<unsigned>(end - start))
+                 : "memory");
+  }
+#else
+  (void)p, (void)bytes;
 #endif
 }
 

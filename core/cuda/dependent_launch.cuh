@@ -7,11 +7,12 @@
 // its writes are visible. So a kernel launched this way calls wait_for_prerequisite_grids
 // before its first write to global memory (the earlier kernel may still read it) and before
 // reading anything the earlier kernel may write; only inputs that no kernel can write in
-// between (the tensors a forward saved, for its backward) may be read before. Kernels launched
-// with <<<>>> are unaffected: for them the wait returns at once, and the earlier kernel's
-// signal does nothing. In a captured graph the allocator keeps its memory nodes out of the way
-// (core/cuda/context.cu): a memory node between two kernels would make the second wait for
-// the first to end. One kernel departs from the rule above, by design: the norms' final sum of
+// between (the tensors a forward saved, for its backward) may be read before. Any input may be
+// prefetched to the L2 before (prefetch_to_l2, core/cuda/async_copy.cuh): a prefetch reads
+// nothing. Kernels launched with <<<>>> are unaffected: for them the wait returns at once, and
+// the earlier kernel's signal does nothing. In a captured graph the allocator keeps its memory
+// nodes out of the way (core/cuda/context.cu): a memory node between two kernels would make the
+// second wait for the first to end. One kernel departs from the rule above, by design: the norms' final sum of
 // the parameter gradients reads the partial rows while the backward before it writes them, and
 // waits only at its end (ops/norm/norm_cuda.cu, "read as they are written").
 #pragma once
