@@ -56,9 +56,9 @@ __device__ __forceinline__ void wait_async_copies(int pending) {
 // the 16-byte-aligned span inside it, issued by the calling thread alone; before sm_90 nothing).
 // A hint, not an access: it loads nothing into registers or shared memory and orders nothing,
 // so a programmatic dependent (core/cuda/dependent_launch.cuh) may issue it before
-// wait_for_prerequisite_grids even for memory that the kernel before it writes. Those writes land
-// in the L2 after or over what the prefetch brought, and the L2 is where every later load of the
-// line is served (cp.async.cg and the prefetch skip the L1), so no load sees stale data.
+// wait_for_prerequisite_grids even for memory that the kernel before it writes: those writes land
+// in the L2, over what the prefetch brought, and the prefetch fills no L1, so no later load can
+// see a stale line through it.
 __device__ __forceinline__ void prefetch_to_l2(const void* p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
