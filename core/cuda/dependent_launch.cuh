@@ -12,9 +12,9 @@
 // nothing. Kernels launched with <<<>>> are unaffected: for them the wait returns at once, and
 // the earlier kernel's signal does nothing. In a captured graph the allocator keeps its memory
 // nodes out of the way (core/cuda/context.cu): a memory node between two kernels would make the
-// second wait for the first to end. One kernel departs from the rule above, by design: the norms' final sum of
-// the parameter gradients reads the partial rows while the backward before it writes them, and
-// waits only at its end (ops/norm/norm_cuda.cu, "read as they are written").
+// second wait for the first to end. One kernel departs from the rule above, by design: the norms'
+// final sum of the parameter gradients reads the partial rows while the backward before it writes
+// them, and waits only at its end (ops/norm/norm_cuda.cu, "read as they are written").
 #pragma once
 
 #include <cuda_runtime.h>
