@@ -9,13 +9,20 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace mt {
 
+// `text` as it may be printed: valid UTF-8 sequences, tabs and newlines kept; every other byte
+// (a control character, or one that is not part of valid UTF-8) written as \xNN. Messages quote
+// names and values from files, and a stray byte there must not make stderr itself invalid.
+std::string printable(std::string_view text);
+
+// Every message goes through printable(), so no error can carry raw file bytes to a terminal.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(printable(message)) {}
 };
 class ShapeError : public Error {
   using Error::Error;

@@ -284,6 +284,15 @@ TEST_F(Safetensors, RejectsHeaderThatIsNotJson) {
   EXPECT_HAS(load_error(file_bytes(R"({"a": {"dtype": "F32",)", "")), "header is not valid JSON");
 }
 
+// The message quotes the offending bytes escaped, so that the message (and stderr) stays valid UTF-8.
+TEST_F(Safetensors, HeaderThatIsNotUtf8IsReportedWithTheByteEscaped) {
+  const std::string msg = load_error(file_bytes("{\"a\xff\": 1}", ""));
+  EXPECT_HAS(msg, "header is not valid JSON");
+  EXPECT_HAS(msg, "\\xff");
+  EXPECT_EQ(msg.find('\xff'), std::string::npos) << "the raw byte reached the message";
+  EXPECT_EQ(mt::printable(msg), msg) << "the message is not printable as it is";
+}
+
 TEST_F(Safetensors, RejectsHeaderThatIsNotAnObject) {
   EXPECT_HAS(load_error(file_bytes("[1, 2]  ", "")), "header is not a JSON object (it is a array)");
 }
