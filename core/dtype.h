@@ -57,6 +57,12 @@ constexpr bool is_integral(DType t) {
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);  // throws DTypeError for an unknown name
 
+// The one rule of every loader (model, optimizer state, adapter, training checkpoint) for a tensor
+// stored as `stored` that fills a tensor of dtype `expected`: floating converts to floating (rounded
+// to nearest even, as Tensor::copy_ does) and integer to integer; an integer tensor for a floating
+// one, or the reverse, throws DTypeError naming `who`, the tensor, and both dtypes.
+void check_loadable(const std::string& who, const std::string& name, DType stored, DType expected);
+
 // Type promotion for mixed-dtype binary ops: the wider floating type wins; floating beats integral.
 DType promote_types(DType a, DType b);
 

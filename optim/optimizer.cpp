@@ -34,6 +34,7 @@ void load_optimizer_state(const char* optimizer, const std::map<std::string, Ten
              "' (was it saved from an optimizer over the same parameters?)");
     MT_CHECK_T(ShapeError, it->second.shape() == t.shape(), optimizer, "::load_state_dict: '", name, "' has shape ",
                shape_str(it->second.shape()), " in the state but ", shape_str(t.shape()), " here");
+    check_loadable(std::string(optimizer) + "::load_state_dict", name, it->second.dtype(), t.dtype());
   }
   for (const auto& [name, t] : state) {
     MT_CHECK(mine.count(name), optimizer, "::load_state_dict: unexpected entry '", name,

@@ -187,13 +187,18 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
            "load_state_dict: ", missing.empty() ? "" : "missing keys:" + missing,
            missing.empty() || unexpected.empty() ? "" : "; ",
            unexpected.empty() ? "" : "unexpected keys:" + unexpected);
-  NoGradGuard no_grad;
+  // Every tensor is checked before any is copied, so a refused state leaves the module as it was.
   for (const auto& [name, target] : mine) {
     auto it = state.find(name);
     if (it == state.end()) continue;
     MT_CHECK_T(ShapeError, it->second.shape() == target.shape(), "load_state_dict: '", name, "' has shape ",
                shape_str(it->second.shape()), " in the state but ", shape_str(target.shape()), " in the module");
-    target.copy_(it->second);
+    check_loadable("load_state_dict", name, it->second.dtype(), target.dtype());
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, target] : mine) {
+    auto it = state.find(name);
+    if (it != state.end()) target.copy_(it->second);
   }
 }
 

@@ -103,6 +103,27 @@ TEST(BadInputs, GptConfigTooLargeForMemoryNamesTheConfigAndTheSizes) {
   EXPECT_TRUE(contains(msg, "does not fit in memory: out of host memory")) << msg;
 }
 
+TEST(BadInputs, GptWeightStoredAsIntegersNamesTheFileTheTensorAndBothDtypes) {
+  const std::string dir = saved_gpt("integer_bias");
+  SafetensorsFile file = load_safetensors(dir + "/model.safetensors");
+  Tensor& bias = file.tensors.at("transformer.h.0.attn.c_attn.bias");
+  bias = zeros(bias.shape(), TensorOptions().dtype(DType::i32));
+  save_safetensors(dir + "/model.safetensors", file.tensors, file.metadata);
+  const std::string msg = error_message_of([&] { GPT::from_pretrained(dir); });
+  EXPECT_TRUE(contains(msg, dir + "/model.safetensors: ")) << msg;
+  EXPECT_TRUE(contains(msg, "'transformer.h.0.attn.c_attn.bias' is stored as i32 but is f32 here")) << msg;
+}
+
+TEST(BadInputs, ModuleLoadOfAnIntegerTensorIntoAFloatingOneIsRefusedAndKeepsTheModule) {
+  const std::string path = fresh_dir("integer_module") + "/linear.safetensors";
+  Linear layer(LinearOptions(2, 3));
+  const std::vector<double> before = layer.bias.to_vector<double>();
+  save_safetensors(path, {{"weight", layer.weight.detach()}, {"bias", full({3}, 7.0, TensorOptions().dtype(DType::i32))}});
+  const std::string msg = error_message_of([&] { layer.load(path); });
+  EXPECT_TRUE(contains(msg, path + ": load_state_dict: 'bias' is stored as i32 but is f32 here")) << msg;
+  EXPECT_EQ(layer.bias.to_vector<double>(), before) << "a refused load must leave the module as it was";
+}
+
 // ---------------------------------------------------------------- adapters
 
 TEST(BadInputs, AdapterForAnotherBaseModelNamesTheWeightsFileAndBothShapes) {
@@ -169,6 +190,22 @@ TEST(BadInputs, TrainingCheckpointWithANonNumericValueNamesTheKey) {
   const std::string msg = error_message_of([&] { load_training_checkpoint(path, state); });
   EXPECT_TRUE(contains(msg, path + ": not a usable training checkpoint: metadata 'extra.step' is 'one', not a number"))
       << msg;
+}
+
+TEST(BadInputs, TrainingCheckpointWithIntegerTensorsNamesTheFileTheTensorAndBothDtypes) {
+  for (const std::string key : {"model.bias", "optim.g0.p0.exp_avg"}) {
+    const std::string path = fresh_dir("integer_checkpoint") + "/step-000000001.safetensors";
+    Trainee trainee;
+    TrainingState state = trainee.state();
+    save_training_checkpoint(path, state);
+    SafetensorsFile file = load_safetensors(path);
+    Tensor& t = file.tensors.at(key);
+    t = full(t.shape(), 3.0, TensorOptions().dtype(DType::i32));
+    save_safetensors(path, file.tensors, file.metadata);
+    const std::string msg = error_message_of([&] { load_training_checkpoint(path, state); });
+    EXPECT_TRUE(contains(msg, path + ": not a usable training checkpoint: ")) << msg;
+    EXPECT_TRUE(contains(msg, "'" + key.substr(6) + "' is stored as i32 but is f32 here")) << msg;
+  }
 }
 
 TEST(BadInputs, TrainingCheckpointOfAnotherModelListsTheMissingAndUnexpectedKeys) {
