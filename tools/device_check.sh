@@ -104,6 +104,10 @@ if ((parity)); then
   python3 tools/parity/gpt2_parity.py --bin "$build/tools/gpt_logits" --device cuda --workdir "$build/parity" \
     >"$out/parity.log" 2>&1 || parity_rc=$?
   grep -E '^(transformers|base logits|LoRA logits|trainable params|gpt2_parity)' "$out/parity.log" || tail -n 20 "$out/parity.log"
+  # The NaN/inf table that tests/ops/test_nan_inf.cpp holds the ops to, against this machine's torch.
+  python3 tools/parity/nan_inf_reference.py --check tests/ops/nan_inf_reference.inc >>"$out/parity.log" 2>&1 ||
+    parity_rc=$?
+  grep '^nan_inf_reference' "$out/parity.log" || true
   ((parity_rc == 0)) || echo "parity: FAILED (exit $parity_rc, log: $out/parity.log)"
 fi
 

@@ -6,6 +6,7 @@
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/dropout/dropout_kernels.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/map.h"
 
 namespace mt {
@@ -36,16 +37,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
   MT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must lie in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
 
-  if (p == 1.0) {  // everything dropped: zeros, and a zero gradient (the true derivative)
-    Tensor out = zeros(x.shape(), ops::options_of(x));
-    if (autograd::needs_grad({x})) {
-      auto node = std::make_shared<LambdaNode>("DropoutBackward", [](const std::vector<Tensor>& g, const LambdaNode&) {
-        return std::vector<Tensor>{zeros(g[0].shape(), ops::options_of(g[0]))};
-      });
-      autograd::record(node, {x}, {out});
-    }
-    return out;
-  }
+  // Everything dropped: x * 0, a product as in PyTorch, so a NaN or inf in x (or in the incoming
+  // gradient) still shows as NaN; its derivative is the true one, 0.
+  if (p == 1.0) return mul(x, 0.0);
 
   Generator& gen = generator != nullptr ? *generator : default_generator(x.device());
   ops::DropoutMask mask;

@@ -1,8 +1,9 @@
 // Dropout with a counter-based mask (Philox, core/random.h).
 //
 //   x   // [...] floating
-//   out // [...] out[i] = keep(i) ? x[i] / (1 - p) : 0,
+//   out // [...] out[i] = x[i] * (keep(i) ? 1 / (1 - p) : 0),
 //                keep(i) = philox::uniform_at(seed, offset, i) >= p,
+//   a product, as in PyTorch, so a dropped NaN or inf still gives NaN rather than vanishing;
 //   where i is the element's row-major (logical) index, whatever x's strides.
 //
 // The (seed, offset) come from `generator` (default: default_generator(x.device())),

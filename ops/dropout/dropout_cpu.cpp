@@ -27,7 +27,7 @@ void dropout_cpu(const Tensor& out, const Tensor& in, const DropoutMask& mask) {
       walk.run(i, std::min(n, end_group * 4), [&](const auto& off) {
         if (i % 4 == 0) words = philox::generate(mask.seed, mask.offset + static_cast<uint64_t>(i / 4));
         const bool keep = static_cast<double>(philox::uniform(words.w[i % 4])) >= mask.p;
-        o[i] = convert<T>(keep ? convert<A>(x[off[0]]) * scale : A(0));
+        o[i] = convert<T>(convert<A>(x[off[0]]) * (keep ? scale : A(0)));
         ++i;
       });
     });

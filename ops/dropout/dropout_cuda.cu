@@ -29,7 +29,7 @@ __global__ void dropout_kernel(T* out, const T* in, StridedIndexer ii, int64_t n
       const int64_t i = group * 4 + lane;
       if (i < n) {
         const bool keep = static_cast<double>(philox::uniform(words.w[lane])) >= p;
-        out[i] = convert<T>(keep ? convert<A>(in[ii.offset(i)]) * scale : A(0));
+        out[i] = convert<T>(convert<A>(in[ii.offset(i)]) * (keep ? scale : A(0)));
       }
     }
   }

@@ -88,18 +88,31 @@ struct RDivScalarGrad {
     return -g * static_cast<A>(s) / (x * x);
   }
 };
+// x^p with PyTorch's special exponents: 2, 3, -1 and -2 as products, 0.5 and -0.5 as sqrt and
+// its reciprocal. They are faster, and they fix the values at the edges: pow(-inf, 0.5) is NaN,
+// as sqrt(-inf) is, where C's pow gives inf.
+template <typename A>
+MT_HOST_DEVICE A pow_scalar(A x, A p) {
+  if (p == A(2)) return x * x;
+  if (p == A(3)) return x * x * x;
+  if (p == A(-1)) return A(1) / x;
+  if (p == A(-2)) return A(1) / (x * x);
+  if (p == A(0.5)) return math::sqrt(x);
+  if (p == A(-0.5)) return A(1) / math::sqrt(x);
+  return math::pow(x, p);
+}
 struct PowScalar {
   double p;
   template <typename A>
   MT_HOST_DEVICE A operator()(A x) const {
-    return math::pow(x, static_cast<A>(p));
+    return pow_scalar(x, static_cast<A>(p));
   }
 };
 struct PowScalarGrad {  // (grad, x)
   double p;
   template <typename A>
   MT_HOST_DEVICE A operator()(A g, A x) const {
-    return p == 0.0 ? A(0) : g * static_cast<A>(p) * math::pow(x, static_cast<A>(p - 1.0));
+    return p == 0.0 ? A(0) : g * static_cast<A>(p) * pow_scalar(x, static_cast<A>(p - 1.0));
   }
 };
 
@@ -152,10 +165,12 @@ struct Sigmoid {
     return A(1) / (A(1) + math::exp(-x));
   }
 };
+// relu(NaN) = NaN, as in PyTorch: the test is written so that a NaN fails it and passes through,
+// never `x > 0 ? x : 0`, which would turn an overflow's NaN into a silent 0.
 struct Relu {
   template <typename A>
   MT_HOST_DEVICE A operator()(A x) const {
-    return x > A(0) ? x : A(0);
+    return x <= A(0) ? A(0) : x;
   }
 };
 struct Silu {
@@ -205,10 +220,12 @@ struct RsqrtGrad {  // y = x^-1/2: dy/dx = -y^3 / 2
     return A(-0.5) * g * y * y * y;
   }
 };
+// g * sign(x), a product as in PyTorch (sign(NaN) = sign(0) = 0): a non-finite g stays visible
+// (inf * 0 = NaN) instead of being selected away.
 struct AbsGrad {
   template <typename A>
   MT_HOST_DEVICE A operator()(A g, A x) const {
-    return x > A(0) ? g : (x < A(0) ? -g : A(0));
+    return g * (x > A(0) ? A(1) : (x < A(0) ? A(-1) : A(0)));
   }
 };
 struct TanhGrad {
@@ -223,10 +240,11 @@ struct SigmoidGrad {
     return g * y * (A(1) - y);
   }
 };
+// PyTorch's threshold_backward: the gradient is zeroed only where x <= 0, so at x = NaN it passes.
 struct ReluGrad {
   template <typename A>
   MT_HOST_DEVICE A operator()(A g, A x) const {
-    return x > A(0) ? g : A(0);
+    return x <= A(0) ? A(0) : g;
   }
 };
 struct SiluGrad {

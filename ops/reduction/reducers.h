@@ -19,7 +19,8 @@ MT_HOST_DEVICE inline A reduce_combine(ReduceKind kind, A a, A b) {
   return (a > b || a != a) ? a : b;  // max; NaN propagates
 }
 
-// 1 where a == b, else 0: the positions of the maxima, for max's backward.
+// 1 where a == b, else 0: the positions of the maxima, for max's backward. A NaN maximum
+// matches nothing, so its row's gradient is 0 / 0 = NaN everywhere, as torch.amax's is.
 struct EqualMask {
   template <typename A>
   MT_HOST_DEVICE A operator()(A a, A b) const {

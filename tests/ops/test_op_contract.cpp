@@ -156,6 +156,118 @@ TEST_P(OpContractCuda, CudaMatchesCpu) {
   std::printf("[ cuda-vs-cpu ] %-28s %-5s forward %.2e (tol %.0e)\n", c.name.c_str(), dtype_name(dtype), out_err, tol);
 }
 
+// ---- NaN and inf ----
+// Note [NaN and inf in the op contract]: PyTorch's ops let a NaN through to every output that
+// depends on it (relu(NaN) = NaN, max over a NaN is NaN, dropout multiplies by its mask), so that
+// an fp16 overflow is seen by the loss scaler and by anomaly detection; a select such as
+// `x > 0 ? x : 0` would hide it. Element-wise values and gradients at NaN and +-inf are held to
+// PyTorch's own in test_nan_inf.cpp; here every registered case is held to the rule above: with
+// one input element set to NaN, each output element that depends on it (one that moves when the
+// element moves by +-3) must be NaN. On CUDA the outputs and gradients must be NaN, +inf and -inf
+// exactly where the f64 CPU reference has them, for a NaN and for an inf input element.
+
+// One element of input k (its middle one) is the probe.
+int64_t probed_element(const Tensor& t) { return t.numel() / 2; }
+
+std::vector<Tensor> with_element(const std::vector<Tensor>& inputs, size_t k, double value) {
+  std::vector<Tensor> out = inputs;
+  std::vector<double> v = inputs[k].to_vector<double>();
+  v[probed_element(inputs[k])] = value;
+  out[k] = from_vector(v, inputs[k].shape(), TensorOptions().dtype(inputs[k].dtype()));
+  return out;
+}
+
+std::vector<double> output_of(const OpCase& c, const std::vector<Tensor>& inputs) {
+  NoGradGuard no_grad;
+  return raw::to(c.fn(with_extra(c, inputs, kCPU)), kCPU, DType::f64).to_vector<double>();
+}
+
+bool same_value(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+TEST_P(OpContract, NanReachesEveryDependentOutput) {
+  const OpCase& c = op_case();
+  const std::vector<Tensor> inputs = make_inputs(c);
+  const std::vector<double> base = output_of(c, inputs);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const double value = inputs[k].to_vector<double>()[probed_element(inputs[k])];
+    std::vector<bool> depends(base.size(), false);
+    for (const double delta : {3.0, -3.0}) {
+      const std::vector<double> moved = output_of(c, with_element(inputs, k, value + delta));
+      for (size_t i = 0; i < base.size(); ++i) depends[i] = depends[i] || !same_value(moved[i], base[i]);
+    }
+    const std::vector<double> with_nan = output_of(c, with_element(inputs, k, NAN));
+    // An input element no output reads (an embedding row no id picks) asks nothing here.
+    for (size_t i = 0; i < base.size(); ++i) {
+      if (!depends[i]) continue;
+      EXPECT_TRUE(std::isnan(with_nan[i])) << c.name << ": input " << k << " element " << probed_element(inputs[k])
+                                           << " set to NaN; output element " << i
+                                           << " depends on it but came out as " << with_nan[i];
+    }
+  }
+}
+
+enum class Kind { nan, pos_inf, neg_inf, finite };
+Kind kind_of(double v) {
+  if (std::isnan(v)) return Kind::nan;
+  if (std::isinf(v)) return v > 0 ? Kind::pos_inf : Kind::neg_inf;
+  return Kind::finite;
+}
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::nan:
+      return "NaN";
+    case Kind::pos_inf:
+      return "+inf";
+    case Kind::neg_inf:
+      return "-inf";
+    default:
+      return "finite";
+  }
+}
+
+void expect_same_kinds(const Tensor& got, const Tensor& ref, const std::string& what) {
+  const std::vector<double> a = got.to_vector<double>(), b = ref.to_vector<double>();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int shown = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (kind_of(a[i]) == kind_of(b[i])) continue;
+    ADD_FAILURE() << what << " element " << i << ": CUDA gives " << a[i] << " (" << kind_name(kind_of(a[i]))
+                  << "), the f64 CPU reference " << b[i] << " (" << kind_name(kind_of(b[i])) << ")";
+    if (++shown == 4) return;
+  }
+}
+
+TEST_P(OpContractCuda, NonFiniteWhereTheCpuIsNonFinite) {
+  MT_SKIP_WITHOUT_CUDA();
+  const OpCase& c = op_cases()[std::get<0>(GetParam())];
+  const DType dtype = std::get<1>(GetParam());
+  if (!c.cuda) GTEST_SKIP() << c.cuda_skip_reason;
+  backends::TF32Guard exact_f32(/*matmul=*/false, /*conv=*/false);
+  const std::vector<Tensor> inputs = make_inputs(c);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    for (const double special : {static_cast<double>(NAN), static_cast<double>(INFINITY)}) {
+      const std::string what = c.name + " " + dtype_name(dtype) + ", input " + std::to_string(k) + " element " +
+                               std::to_string(probed_element(inputs[k])) + " = " + (std::isnan(special) ? "NaN" : "inf");
+      std::vector<Tensor> ref_inputs, gpu_inputs;
+      for (const Tensor& t : with_element(inputs, k, special)) {
+        const Tensor rounded = raw::to(t, dtype);
+        ref_inputs.push_back(raw::to(rounded, DType::f64).requires_grad_(true));
+        gpu_inputs.push_back(raw::to(rounded, cuda_device(0)).requires_grad_(true));
+      }
+      const Tensor ref_out = c.fn(with_extra(c, ref_inputs, kCPU));
+      const Tensor gpu_out = c.fn(with_extra(c, gpu_inputs, cuda_device(0)));
+      expect_same_kinds(gpu_out, ref_out, what + ": output");
+      const Tensor w = raw::to(weights_for(ref_out), dtype);
+      sum(mul(ref_out, raw::to(w, DType::f64))).backward();
+      sum(mul(gpu_out, raw::to(w, cuda_device(0)))).backward();
+      for (size_t j = 0; j < gpu_inputs.size(); ++j) {
+        ASSERT_TRUE(gpu_inputs[j].grad().defined()) << what << ": no gradient for input " << j;
+        expect_same_kinds(gpu_inputs[j].grad(), ref_inputs[j].grad(), what + ": gradient of input " + std::to_string(j));
+      }
+    }
+  }
+}
+
 std::vector<size_t> all_cases() {
   std::vector<size_t> ids(op_cases().size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
