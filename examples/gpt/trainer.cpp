@@ -358,12 +358,14 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const int64_t steps_run = step - first_step + 1;  // in this process (after a resume, not from 1)
       const double tokens = static_cast<double>(steps_run * flags.batch_size * flags.seq_len * placement.world_size());
-      const std::string scale = fp16 ? std::to_string(static_cast<int64_t>(scaler.get_scale())) : "off";
+      // The scale as it is: after many skipped steps it falls below 1 (a power of two, 2^-k).
+      char scale[32] = "off";
+      if (fp16) std::snprintf(scale, sizeof(scale), "%g", scaler.get_scale());
       if (!placement.is_main()) continue;
       std::printf(
           "%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
           static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
-          with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale.c_str(),
+          with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale,
           peak_memory_text(placement.device).c_str(),
           duration_text(seconds / static_cast<double>(steps_run) * static_cast<double>(flags.steps - step)).c_str());
       std::fflush(stdout);
