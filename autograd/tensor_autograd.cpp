@@ -2,6 +2,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/node.h"
+#include "core/view.h"
 
 namespace mt {
 
@@ -69,6 +70,41 @@ void Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&
   MT_CHECK(requires_grad() && is_leaf(),
            "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate gradients");
   meta(*this).post_accumulate_hooks.push_back(std::move(hook));
+}
+
+// The differentiable conversions live here rather than beside the differentiable views
+// (ops/shape/shape.cpp): autocast records its casts through them, and they need nothing but
+// core's copy (raw::to) and a node whose backward converts the gradient back.
+namespace {
+
+template <typename Back>
+Tensor record_conversion(const char* name, const Tensor& input, Tensor out, Back back) {
+  if (autograd::needs_grad({input})) {
+    auto node = std::make_shared<autograd::LambdaNode>(
+        name, [back](const std::vector<Tensor>& g, const autograd::LambdaNode& self) {
+          return std::vector<Tensor>{back(g[0], self.input_meta[0])};
+        });
+    autograd::record(node, {input}, {out});
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  return record_conversion("ToDeviceBackward", *this, raw::to(*this, device),
+                           [](const Tensor& g, const autograd::TensorMeta& m) { return g.to(m.device); });
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == this->dtype()) return *this;
+  if (requires_grad()) {
+    MT_CHECK_T(DTypeError, is_floating(dtype), "to: cannot cast a tensor that requires grad to ", dtype_name(dtype),
+               " (gradients need a floating dtype)");
+  }
+  return record_conversion("CastBackward", *this, raw::to(*this, dtype),
+                           [](const Tensor& g, const autograd::TensorMeta& m) { return g.to(m.dtype); });
 }
 
 }  // namespace mt

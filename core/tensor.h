@@ -137,11 +137,12 @@ class Tensor {
   Tensor squeeze(int64_t dim) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor contiguous() const;
-  Tensor to(Device device) const;
-  Tensor to(DType dtype) const;
   Tensor clone() const;
 
   // ---- [autograd] implemented in autograd/ ----
+  // Conversions: the result is recorded (its gradient converted back) when this requires grad.
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
   bool requires_grad() const;
   Tensor& requires_grad_(bool requires_grad = true);
   bool is_leaf() const;

@@ -1,5 +1,5 @@
 // Non-recording tensor primitives: metadata-only views and data copies.
-// They are the building blocks of the differentiable Tensor methods (ops/) and
+// They are the building blocks of the differentiable Tensor methods (ops/, autograd/) and
 // record nothing for backward. Every view shares storage with its input.
 #pragma once
 

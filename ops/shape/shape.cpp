@@ -1,6 +1,6 @@
-// The differentiable view and conversion methods of Tensor (declared in
-// core/tensor.h). Forward is the raw view from core/view.h; backward maps the
-// gradient back through the inverse view.
+// The differentiable view methods of Tensor (declared in core/tensor.h; the
+// conversions, to(), are in autograd/tensor_autograd.cpp). Forward is the raw view
+// from core/view.h; backward maps the gradient back through the inverse view.
 #include <numeric>
 
 #include "autograd/function.h"
@@ -102,22 +102,6 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   return record_unary("CloneBackward", *this, raw::clone(*this),
                       [](const Tensor& g, const autograd::TensorMeta&) { return g; });
-}
-
-Tensor Tensor::to(Device device) const {
-  if (device == this->device()) return *this;
-  return record_unary("ToDeviceBackward", *this, raw::to(*this, device),
-                      [](const Tensor& g, const autograd::TensorMeta& m) { return g.to(m.device); });
-}
-
-Tensor Tensor::to(DType dtype) const {
-  if (dtype == this->dtype()) return *this;
-  if (requires_grad()) {
-    MT_CHECK_T(DTypeError, is_floating(dtype), "to: cannot cast a tensor that requires grad to ", dtype_name(dtype),
-               " (gradients need a floating dtype)");
-  }
-  return record_unary("CastBackward", *this, raw::to(*this, dtype),
-                      [](const Tensor& g, const autograd::TensorMeta& m) { return g.to(m.dtype); });
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) { return x.reshape(shape); }
