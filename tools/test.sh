@@ -32,7 +32,10 @@ if [[ -n "$cache_dir" ]] && mkdir -p "$cache_dir" 2>/dev/null && [[ -w "$cache_d
   export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 fi
 
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "${extra[@]}"
+# The portable build (no -march=native), said explicitly: tools/demo.sh may have configured the
+# same folder for this machine's instruction set. MT_CMAKE_ARGS can still turn it on.
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMT_CPU_NATIVE=OFF "${launcher[@]}" \
+  "${extra[@]}"
 cmake --build "$build" -j"$jobs"
 # OpenMP threads sleep when idle: ctest runs several test programs at once on few cores.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
