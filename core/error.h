@@ -64,6 +64,12 @@ std::string str_cat(Args&&... args) {
 
 [[noreturn]] void throw_internal(const char* cond, const char* file, int line, const std::string& msg);
 
+// Throws FileError("<path>: <args...>"): every reader's message names the file first.
+template <typename... Args>
+[[noreturn]] void fail_file(const std::string& path, Args&&... args) {
+  throw FileError(str_cat(path, ": ", std::forward<Args>(args)...));
+}
+
 }  // namespace detail
 }  // namespace mt
 

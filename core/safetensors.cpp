@@ -44,10 +44,7 @@ constexpr const char* kMetadataKey = "__metadata__";
 
 using json = nlohmann::json;
 
-template <typename... Args>
-[[noreturn]] void fail(const std::string& path, Args&&... args) {
-  throw FileError(detail::str_cat(path, ": ", std::forward<Args>(args)...));
-}
+using detail::fail_file;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -97,7 +94,7 @@ json parse_header(const std::string& path, const std::string& text) {
   json::parser_callback_t watch = [&](int depth, json::parse_event_t event, json& parsed) {
     const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
     if (opens && depth >= kMaxHeaderDepth) {
-      fail(path, "safetensors header nests deeper than ", kMaxHeaderDepth, " levels (a valid header nests 3)");
+      fail_file(path, "safetensors header nests deeper than ", kMaxHeaderDepth, " levels (a valid header nests 3)");
     }
     if (event == json::parse_event_t::object_start) {
       keys.emplace_back();
@@ -117,10 +114,11 @@ json parse_header(const std::string& path, const std::string& text) {
   try {
     header = json::parse(text, watch);
   } catch (const json::exception& e) {
-    fail(path, "safetensors header is not valid JSON: ", e.what());
+    fail_file(path, "safetensors header is not valid JSON: ", e.what());
   }
-  if (!duplicate.empty()) fail(path, "safetensors header: ", duplicate);
-  if (!header.is_object()) fail(path, "safetensors header is not a JSON object (it is a ", header.type_name(), ")");
+  if (!duplicate.empty()) fail_file(path, "safetensors header: ", duplicate);
+  if (!header.is_object())
+    fail_file(path, "safetensors header is not a JSON object (it is a ", header.type_name(), ")");
   return header;
 }
 
@@ -145,8 +143,8 @@ void check_empty_extent(const std::string& path, const std::string& where, const
   for (int64_t d : shape) {
     const auto dim = static_cast<uint64_t>(d);
     if (dim > 1 && extent > kMax / dim) {
-      fail(path, where, ": empty tensor of shape ", shape_str(shape),
-           " is too large: its non-zero dimensions multiply to more than 2^63 - 1");
+      fail_file(path, where, ": empty tensor of shape ", shape_str(shape),
+                " is too large: its non-zero dimensions multiply to more than 2^63 - 1");
     }
     extent *= std::max<uint64_t>(dim, 1);
   }
@@ -154,39 +152,39 @@ void check_empty_extent(const std::string& path, const std::string& where, const
 
 Entry parse_entry(const std::string& path, const std::string& name, const json& j, uint64_t data_bytes) {
   const std::string where = detail::str_cat("tensor '", name, "'");
-  if (!j.is_object()) fail(path, where, ": entry is not a JSON object (it is a ", j.type_name(), ")");
+  if (!j.is_object()) fail_file(path, where, ": entry is not a JSON object (it is a ", j.type_name(), ")");
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
-    if (!j.contains(field)) fail(path, where, ": missing \"", field, "\"");
+    if (!j.contains(field)) fail_file(path, where, ": missing \"", field, "\"");
   }
   for (const auto& item : j.items()) {
     if (item.key() != "dtype" && item.key() != "shape" && item.key() != "data_offsets") {
-      fail(path, where, ": unexpected key \"", item.key(), "\"");
+      fail_file(path, where, ": unexpected key \"", item.key(), "\"");
     }
   }
   Entry e;
   e.name = name;
 
   const json& dtype = j.at("dtype");
-  if (!dtype.is_string()) fail(path, where, ": \"dtype\" must be a string, got ", dtype.dump());
+  if (!dtype.is_string()) fail_file(path, where, ": \"dtype\" must be a string, got ", dtype.dump());
   if (!parse_safetensors_dtype(dtype.get<std::string>(), &e.dtype)) {
-    fail(path, where, ": unknown dtype \"", dtype.get<std::string>(),
-         "\" (known: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 I64 I32 U8 BOOL)");
+    fail_file(path, where, ": unknown dtype \"", dtype.get<std::string>(),
+              "\" (known: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 I64 I32 U8 BOOL)");
   }
 
   const json& shape = j.at("shape");
-  if (!shape.is_array()) fail(path, where, ": \"shape\" must be an array of integers, got ", shape.dump());
+  if (!shape.is_array()) fail_file(path, where, ": \"shape\" must be an array of integers, got ", shape.dump());
   if (shape.size() > static_cast<size_t>(kMaxDims)) {
-    fail(path, where, ": shape ", shape.dump(), " has ", shape.size(), " dimensions; at most ", kMaxDims,
-         " are supported");
+    fail_file(path, where, ": shape ", shape.dump(), " has ", shape.size(), " dimensions; at most ", kMaxDims,
+              " are supported");
   }
   uint64_t nbytes = element_size(e.dtype);
   bool overflow = false;
   for (const json& d : shape) {
-    if (!d.is_number_integer()) fail(path, where, ": \"shape\" must be an array of integers, got ", shape.dump());
+    if (!d.is_number_integer()) fail_file(path, where, ": \"shape\" must be an array of integers, got ", shape.dump());
     uint64_t dim = 0;
-    if (!as_unsigned(d, &dim)) fail(path, where, ": negative dimension ", d.dump(), " in shape ", shape.dump());
+    if (!as_unsigned(d, &dim)) fail_file(path, where, ": negative dimension ", d.dump(), " in shape ", shape.dump());
     if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      fail(path, where, ": dimension ", d.dump(), " is too large");
+      fail_file(path, where, ": dimension ", d.dump(), " is too large");
     }
     e.shape.push_back(static_cast<int64_t>(dim));
     if (dim != 0 && nbytes > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
@@ -201,19 +199,19 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   const json& offsets = j.at("data_offsets");
   if (!offsets.is_array() || offsets.size() != 2 || !as_unsigned(offsets[0], &e.begin) ||
       !as_unsigned(offsets[1], &e.end)) {
-    fail(path, where, ": \"data_offsets\" must be [begin, end] with non-negative integers, got ", offsets.dump());
+    fail_file(path, where, ": \"data_offsets\" must be [begin, end] with non-negative integers, got ", offsets.dump());
   }
   if (e.begin > e.end) {
-    fail(path, where, ": data_offsets [", e.begin, ", ", e.end, "] are reversed (begin > end)");
+    fail_file(path, where, ": data_offsets [", e.begin, ", ", e.end, "] are reversed (begin > end)");
   }
   if (e.end > data_bytes) {
-    fail(path, where, ": data_offsets [", e.begin, ", ", e.end, "] are out of the data section, which holds ",
-         data_bytes, " bytes");
+    fail_file(path, where, ": data_offsets [", e.begin, ", ", e.end, "] are out of the data section, which holds ",
+              data_bytes, " bytes");
   }
   if (overflow || nbytes != e.end - e.begin) {
-    fail(path, where, ": shape ", shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ",
-         overflow ? std::string("more than 2^64") : std::to_string(nbytes), " bytes but data_offsets [", e.begin, ", ",
-         e.end, "] hold ", e.end - e.begin, " bytes");
+    fail_file(path, where, ": shape ", shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ",
+              overflow ? std::string("more than 2^64") : std::to_string(nbytes), " bytes but data_offsets [", e.begin,
+              ", ", e.end, "] hold ", e.end - e.begin, " bytes");
   }
   return e;
 }
@@ -227,24 +225,25 @@ void check_coverage(const std::string& path, std::vector<Entry>& entries, uint64
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {
     if (e.begin < covered) {
-      fail(path, "tensors '", previous->name, "' (data_offsets [", previous->begin, ", ", previous->end, "]) and '",
-           e.name, "' (data_offsets [", e.begin, ", ", e.end, "]) overlap in the data section");
+      fail_file(path, "tensors '", previous->name, "' (data_offsets [", previous->begin, ", ", previous->end,
+                "]) and '", e.name, "' (data_offsets [", e.begin, ", ", e.end, "]) overlap in the data section");
     }
     if (e.begin > covered) {
       if (previous == nullptr) {
-        fail(path, "gap in the data section: bytes [0, ", e.begin, ") before the first tensor '", e.name,
-             "' belong to no tensor");
+        fail_file(path, "gap in the data section: bytes [0, ", e.begin, ") before the first tensor '", e.name,
+                  "' belong to no tensor");
       }
-      fail(path, "gap in the data section: bytes [", covered, ", ", e.begin, ") between tensors '", previous->name,
-           "' and '", e.name, "' belong to no tensor");
+      fail_file(path, "gap in the data section: bytes [", covered, ", ", e.begin, ") between tensors '", previous->name,
+                "' and '", e.name, "' belong to no tensor");
     }
     covered = e.end;
     previous = &e;
   }
   if (covered != data_bytes) {
-    if (previous == nullptr) fail(path, "the data section holds ", data_bytes, " bytes but the header has no tensors");
-    fail(path, "gap in the data section: bytes [", covered, ", ", data_bytes, ") after the last tensor '",
-         previous->name, "' belong to no tensor");
+    if (previous == nullptr)
+      fail_file(path, "the data section holds ", data_bytes, " bytes but the header has no tensors");
+    fail_file(path, "gap in the data section: bytes [", covered, ", ", data_bytes, ") after the last tensor '",
+              previous->name, "' belong to no tensor");
   }
 }
 
@@ -255,8 +254,8 @@ void read_exact(std::ifstream& in, const std::string& path, uint64_t offset, voi
   in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
   if (!in || static_cast<uint64_t>(in.gcount()) != n) {
     const int err = errno;
-    fail(path, "cannot read ", what, " (", n, " bytes at offset ", offset,
-         "): ", err ? errno_text(err) : std::string("unexpected end of file"));
+    fail_file(path, "cannot read ", what, " (", n, " bytes at offset ", offset,
+              "): ", err ? errno_text(err) : std::string("unexpected end of file"));
   }
 }
 
@@ -264,27 +263,27 @@ void read_exact(std::ifstream& in, const std::string& path, uint64_t offset, voi
 
 SafetensorsFile load_safetensors(const std::string& path, Device device) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) fail(path, "cannot open safetensors file: ", errno_text(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "cannot open safetensors file: not a regular file");
+  if (::stat(path.c_str(), &st) != 0) fail_file(path, "cannot open safetensors file: ", errno_text(errno));
+  if (!S_ISREG(st.st_mode)) fail_file(path, "cannot open safetensors file: not a regular file");
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
 
   errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open safetensors file: ", errno_text(errno));
+  if (!in) fail_file(path, "cannot open safetensors file: ", errno_text(errno));
 
   if (file_bytes < 8) {
-    fail(path, "file is ", file_bytes, " bytes, shorter than the 8-byte header length of a safetensors file");
+    fail_file(path, "file is ", file_bytes, " bytes, shorter than the 8-byte header length of a safetensors file");
   }
   unsigned char prefix[8];
   read_exact(in, path, 0, prefix, 8, "the header length");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | prefix[i];
   if (header_bytes > kMaxHeaderBytes) {
-    fail(path, "safetensors header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+    fail_file(path, "safetensors header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
   }
   if (header_bytes > file_bytes - 8) {
-    fail(path, "safetensors header length ", header_bytes, " is larger than the ", file_bytes - 8,
-         " bytes after the length field");
+    fail_file(path, "safetensors header length ", header_bytes, " is larger than the ", file_bytes - 8,
+              " bytes after the length field");
   }
   std::string text(header_bytes, '\0');
   read_exact(in, path, 8, text.data(), header_bytes, "the header");
@@ -297,11 +296,11 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
   for (const auto& item : header.items()) {
     if (item.key() == kMetadataKey) {
       if (!item.value().is_object()) {
-        fail(path, "\"__metadata__\" must be an object of strings, got ", item.value().type_name());
+        fail_file(path, "\"__metadata__\" must be an object of strings, got ", item.value().type_name());
       }
       for (const auto& m : item.value().items()) {
         if (!m.value().is_string()) {
-          fail(path, "\"__metadata__\" value of key '", m.key(), "' must be a string, got ", m.value().dump());
+          fail_file(path, "\"__metadata__\" value of key '", m.key(), "' must be a string, got ", m.value().dump());
         }
         out.metadata.emplace(m.key(), m.value().get<std::string>());
       }
@@ -318,8 +317,8 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
       const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
       for (int64_t i = 0; i < t.numel(); ++i) {
         if (bytes[i] > 1) {
-          fail(path, "tensor '", e.name, "' (BOOL) holds byte ", static_cast<int>(bytes[i]), " at element ", i,
-               "; BOOL bytes must be 0 or 1");
+          fail_file(path, "tensor '", e.name, "' (BOOL) holds byte ", static_cast<int>(bytes[i]), " at element ", i,
+                    "; BOOL bytes must be 0 or 1");
         }
       }
     }
@@ -336,9 +335,9 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    if (name.empty()) fail(path, "cannot save safetensors file: a tensor has an empty name");
-    if (name == kMetadataKey) fail(path, "cannot save safetensors file: \"__metadata__\" is reserved");
-    if (!t.defined()) fail(path, "cannot save safetensors file: tensor '", name, "' is undefined");
+    if (name.empty()) fail_file(path, "cannot save safetensors file: a tensor has an empty name");
+    if (name == kMetadataKey) fail_file(path, "cannot save safetensors file: \"__metadata__\" is reserved");
+    if (!t.defined()) fail_file(path, "cannot save safetensors file: tensor '", name, "' is undefined");
     Tensor c = raw::to(raw::contiguous(t), kCPU);
     header[name] = {
         {"dtype", safetensors_name(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {offset, offset + c.nbytes()}}};
@@ -349,7 +348,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   try {
     text = header.dump();
   } catch (const nlohmann::ordered_json::exception& e) {
-    fail(path, "cannot save safetensors file: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
+    fail_file(path, "cannot save safetensors file: a tensor name or metadata string is not valid UTF-8 (", e.what(),
+              ")");
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // as the reference does: data starts 8-byte aligned
   unsigned char prefix[8];

@@ -17,10 +17,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files assume a l
 namespace mt::data {
 namespace {
 
-template <typename... Args>
-[[noreturn]] void fail(const std::string& path, Args&&... args) {
-  throw FileError(detail::str_cat(path, ": ", std::forward<Args>(args)...));
-}
+using detail::fail_file;
 
 void put_le(unsigned char* dst, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) dst[i] = static_cast<unsigned char>(value >> (8 * i));
@@ -41,7 +38,7 @@ std::string expected_bytes(uint64_t count) {
 // Everything in the header and the size; returns (count, vocab_size).
 std::pair<uint64_t, uint32_t> check_header(const std::string& path, const unsigned char* bytes, uint64_t file_bytes) {
   if (std::memcmp(bytes, kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
-    fail(path, "not a token file: the first 8 bytes are not the magic \"MTTOKENS\"");
+    fail_file(path, "not a token file: the first 8 bytes are not the magic \"MTTOKENS\"");
   }
   const uint64_t version = get_le(bytes + 8, 4);
   const uint64_t token_bytes = get_le(bytes + 12, 4);
@@ -49,20 +46,21 @@ std::pair<uint64_t, uint32_t> check_header(const std::string& path, const unsign
   const uint64_t reserved = get_le(bytes + 20, 4);
   const uint64_t count = get_le(bytes + 24, 8);
   if (version != kTokenFileVersion) {
-    fail(path, "token file version ", version, " is not supported (this reader knows version ", kTokenFileVersion, ")");
+    fail_file(path, "token file version ", version, " is not supported (this reader knows version ", kTokenFileVersion,
+              ")");
   }
-  if (token_bytes != 2) fail(path, "token file has ", token_bytes, " bytes per token; only 2 (u16) is supported");
+  if (token_bytes != 2) fail_file(path, "token file has ", token_bytes, " bytes per token; only 2 (u16) is supported");
   if (vocab_size < 1 || vocab_size > static_cast<uint64_t>(kTokenFileMaxVocab)) {
-    fail(path, "token file vocab_size ", vocab_size, " is outside [1, ", kTokenFileMaxVocab, "]");
+    fail_file(path, "token file vocab_size ", vocab_size, " is outside [1, ", kTokenFileMaxVocab, "]");
   }
-  if (reserved != 0) fail(path, "token file reserved header field is ", reserved, ", must be 0");
+  if (reserved != 0) fail_file(path, "token file reserved header field is ", reserved, ", must be 0");
   const uint64_t data_bytes = file_bytes - kTokenFileHeaderBytes;
   if (data_bytes % 2 != 0 || data_bytes / 2 != count) {
     const bool truncated = data_bytes / 2 < count;
-    fail(path, "token file size mismatch: the header's count of ", count, " tokens needs ", expected_bytes(count),
-         " bytes but the file has ", file_bytes, " bytes (", truncated ? "truncated" : "trailing bytes", ")");
+    fail_file(path, "token file size mismatch: the header's count of ", count, " tokens needs ", expected_bytes(count),
+              " bytes but the file has ", file_bytes, " bytes (", truncated ? "truncated" : "trailing bytes", ")");
   }
-  if (count == 0) fail(path, "token file holds zero tokens");
+  if (count == 0) fail_file(path, "token file holds zero tokens");
   return {count, static_cast<uint32_t>(vocab_size)};
 }
 
@@ -94,26 +92,27 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open token file: ", std::strerror(errno));
+  if (fd < 0) fail_file(path, "cannot open token file: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    fail(path, "cannot stat token file: ", std::strerror(err));
+    fail_file(path, "cannot stat token file: ", std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(path, "cannot open token file: not a regular file");
+    fail_file(path, "cannot open token file: not a regular file");
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < kTokenFileHeaderBytes) {
     ::close(fd);
-    fail(path, "file is ", file_bytes, " bytes, shorter than the ", kTokenFileHeaderBytes, "-byte token file header");
+    fail_file(path, "file is ", file_bytes, " bytes, shorter than the ", kTokenFileHeaderBytes,
+              "-byte token file header");
   }
   void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);  // the mapping keeps the file alive
-  if (map == MAP_FAILED) fail(path, "cannot mmap token file (", file_bytes, " bytes): ", std::strerror(err));
+  if (map == MAP_FAILED) fail_file(path, "cannot mmap token file (", file_bytes, " bytes): ", std::strerror(err));
   map_ = map;
   map_bytes_ = file_bytes;
   try {
@@ -125,7 +124,7 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     // guarantee that no id read later can index past an embedding table.
     for (uint64_t i = 0; i < count; ++i) {
       if (tokens_[i] >= vocab_size) {
-        fail(path, "token ", tokens_[i], " at position ", i, " is not below the file's vocab_size ", vocab_size);
+        fail_file(path, "token ", tokens_[i], " at position ", i, " is not below the file's vocab_size ", vocab_size);
       }
     }
     count_ = static_cast<int64_t>(count);

@@ -37,3 +37,9 @@ LoRAOptions parse_adapter_config(const std::string& json_text, const std::string
 LoRAOptions read_adapter_config(const std::string& path);
 
 }  // namespace mt::nn
+
+namespace mt::detail {
+// Throws FileError("load_adapter: <path>: <problem>"), the form of every adapter loading error
+// (this reader's and ops/nn/lora.cpp's).
+[[noreturn]] void fail_adapter_file(const std::string& path, const std::string& problem);
+}  // namespace mt::detail

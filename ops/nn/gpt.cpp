@@ -26,10 +26,7 @@ namespace {
 
 using json = nlohmann::json;
 
-template <typename... Args>
-[[noreturn]] void fail_file(const std::string& path, Args&&... args) {
-  throw FileError(detail::str_cat(path, ": ", std::forward<Args>(args)...));
-}
+using detail::fail_file;
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -199,9 +199,7 @@ Json config_json(const LoRAOptions& o, const AdapterSaveOptions& save) {
 
 // ---- loading ----
 
-[[noreturn]] void fail_file(const std::string& path, const std::string& problem) {
-  throw FileError("load_adapter: " + path + ": " + problem);
-}
+using detail::fail_adapter_file;
 
 // A LoRA layer the adapter file must fill: its path and the base weight's sizes.
 struct AdapterSlot {
@@ -215,11 +213,12 @@ std::vector<AdapterSlot> existing_slots(const Module& model, const LoRAOptions& 
   std::vector<AdapterSlot> slots;
   for (const auto& [path, layer] : lora_layers(model)) {
     if (!same_config(layer->options(), file_options))
-      fail_file(config_path, "the adapter has " + describe_config(file_options) + " but the model's LoRA layer '" +
-                                 path + "' has " + describe_config(layer->options()));
+      fail_adapter_file(config_path, "the adapter has " + describe_config(file_options) +
+                                         " but the model's LoRA layer '" + path + "' has " +
+                                         describe_config(layer->options()));
     if (layer->merged())
-      fail_file(config_path, "the model's LoRA layer '" + path +
-                                 "' is merged; unmerge_lora first, or the old update stays inside its weight");
+      fail_adapter_file(config_path, "the model's LoRA layer '" + path +
+                                         "' is merged; unmerge_lora first, or the old update stays inside its weight");
     slots.push_back(AdapterSlot{path, layer->weight.size(0), layer->weight.size(1)});
   }
   return slots;
@@ -251,19 +250,21 @@ void check_adapter_tensors(const std::map<std::string, Tensor>& found, const std
           "save)";
       break;
     }
-    fail_file(path, problem);
+    fail_adapter_file(path, problem);
   }
   if (!unexpected.empty())
-    fail_file(path, "unexpected key '" + unexpected.front() + "'" +
-                        (unexpected.size() > 1 ? " (and " + std::to_string(unexpected.size() - 1) + " more)" : "") +
-                        ": the model has no LoRA weight of that name");
+    fail_adapter_file(path,
+                      "unexpected key '" + unexpected.front() + "'" +
+                          (unexpected.size() > 1 ? " (and " + std::to_string(unexpected.size() - 1) + " more)" : "") +
+                          ": the model has no LoRA weight of that name");
   for (const auto& [key, shape] : expected) {
     const Tensor& t = found.at(key);
     if (t.shape() != shape)
-      fail_file(path, "'" + key + "' has shape " + shape_str(t.shape()) + " in the file but " + shape_str(shape) +
-                          " in the model");
+      fail_adapter_file(path, "'" + key + "' has shape " + shape_str(t.shape()) + " in the file but " +
+                                  shape_str(shape) + " in the model");
     if (!is_floating(t.dtype()))
-      fail_file(path, "'" + key + "' has dtype " + dtype_name(t.dtype()) + "; adapter weights must be floating");
+      fail_adapter_file(path,
+                        "'" + key + "' has dtype " + dtype_name(t.dtype()) + "; adapter weights must be floating");
   }
 }
 
@@ -414,7 +415,7 @@ void load_adapter(Module& model, const std::string& dir, Generator* generator) {
     try {
       plan = plan_lora(model, options);
     } catch (const Error& e) {
-      fail_file(config_path, e.what());
+      fail_adapter_file(config_path, e.what());
     }
     for (const Target& t : plan) slots.push_back(AdapterSlot{t.path, t.base->weight.size(0), t.base->weight.size(1)});
   } else {
@@ -432,7 +433,7 @@ void load_adapter(Module& model, const std::string& dir, Generator* generator) {
     try {
       carry_out(model, plan, options, generator);  // restores the model itself when it fails
     } catch (const Error& e) {
-      fail_file(config_path, e.what());
+      fail_adapter_file(config_path, e.what());
     }
   }
   NoGradGuard no_grad;
