@@ -1,7 +1,20 @@
+#include "core/format.h"
+
 #include <cstdio>
 #include <string>
 
 #include "core/cuda_context.h"
+
+namespace mt {
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n);
+  const int first = s[0] == '-' ? 1 : 0;
+  for (int i = static_cast<int>(s.size()) - 3; i > first; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+}  // namespace mt
 
 namespace mt::cuda {
 

@@ -18,6 +18,7 @@
 #include "core/data/byte_tokenizer.h"
 #include "core/data/token_file.h"
 #include "core/error.h"
+#include "core/format.h"
 
 namespace {
 
@@ -35,12 +36,7 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
-// 1234567 -> "1,234,567"
-std::string with_commas(uint64_t n) {
-  std::string digits = std::to_string(n);
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<size_t>(i), ",");
-  return digits;
-}
+using mt::with_commas;
 
 }  // namespace
 

@@ -25,15 +25,6 @@
 
 namespace gpt_example {
 
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return n < 0 ? "-" + out : out;
-}
-
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);

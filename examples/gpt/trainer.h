@@ -15,6 +15,7 @@
 
 #include "core/data/token_dataset.h"
 #include "core/data/token_file.h"
+#include "core/format.h"
 #include "distributed/process_group.h"
 #include "ops/nn/gpt.h"
 
@@ -90,8 +91,7 @@ double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t bat
 std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int64_t new_tokens, double temperature,
                         int64_t top_k, uint64_t seed);
 
-// "1,234,567"
-std::string with_commas(int64_t n);
+using mt::with_commas;  // "1,234,567"
 
 // "c_attn,c_proj" -> {"c_attn", "c_proj"} (empty items dropped)
 std::vector<std::string> split_commas(const std::string& text);

@@ -12,6 +12,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
+#include "core/format.h"
 #include "core/safetensors.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
@@ -160,13 +161,6 @@ bool same_config(const LoRAOptions& a, const LoRAOptions& b) {
 std::string describe_config(const LoRAOptions& o) {
   return detail::str_cat("r = ", o.r, ", alpha = ", o.alpha, ", use_rslora = ", o.use_rslora ? "true" : "false",
                          ", targets ", describe_targets(o));
-}
-
-std::string with_thousands(int64_t n) {
-  std::string s = std::to_string(n);
-  const int first = s[0] == '-' ? 1 : 0;
-  for (int i = static_cast<int>(s.size()) - 3; i > first; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
 }
 
 Json config_json(const LoRAOptions& o, const AdapterSaveOptions& save) {
@@ -372,7 +366,7 @@ std::string trainable_parameters_summary(const Module& model) {
   MT_CHECK(all > 0, "trainable_parameters_summary: the model has no parameters");
   char percent[32];
   std::snprintf(percent, sizeof(percent), "%.4f", 100.0 * static_cast<double>(trainable) / static_cast<double>(all));
-  return "trainable params: " + with_thousands(trainable) + " || all params: " + with_thousands(all) +
+  return "trainable params: " + with_commas(trainable) + " || all params: " + with_commas(all) +
          " || trainable%: " + percent;
 }
 
