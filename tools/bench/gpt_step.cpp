@@ -28,13 +28,11 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/graph_step.h"
+#include "tools/bench/bench_common.h"
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 

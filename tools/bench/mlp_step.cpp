@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "optim/graph_step.h"
+#include "tools/bench/bench_common.h"
 
 namespace {
 
@@ -47,10 +48,7 @@ class Mlp : public mt::nn::Module {
   std::vector<std::shared_ptr<mt::nn::Linear>> layers_;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 

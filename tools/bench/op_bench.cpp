@@ -61,6 +61,7 @@
 #include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "tools/bench/bench_common.h"
 
 namespace {
 
@@ -99,10 +100,7 @@ struct Rates {
   double bytes_per_ms = 0;  // the measured copy bandwidth, read + write
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 // Calls run(i) for i < iters on cuda:index's current stream, each between two events; the ms of each.
 std::vector<double> event_times_ms(int index, int64_t iters, const std::function<void(int64_t)>& run) {
