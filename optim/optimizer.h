@@ -2,6 +2,16 @@
 // each with its own learning rate and weight decay (PyTorch's param_groups).
 //   mt::SGD opt({model_params}, mt::SGDOptions(0.1).momentum(0.9));
 //   loss.backward(); opt.step(); opt.zero_grad();
+//
+// The contract every optimizer keeps (tests/optim/test_optim.cpp checks it for each one):
+// step() and step_unless() skip a parameter whose grad() is undefined, as PyTorch does: its
+// value, its version and its state (moments, step count, master weight, momentum buffer,
+// autocast copy) stay as they are, and no weight decay touches it. A parameter's update reads
+// only its own gradient and state (AdamW's step counts are per parameter), so two step() calls
+// that each see the gradients of one part of the parameters give what one step() over all of
+// them gives. DistributedDataParallel::step relies on both: it steps while the last bucket is
+// still being reduced, with only the other buckets' gradients handed out, then steps again
+// with the last bucket's.
 #pragma once
 
 #include <map>

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -432,6 +435,93 @@ TEST(GradScaler, CudaFusedUnscaleFindsOneInfAmongManyGradients) {
   EXPECT_EQ(params[77].to_vector<float>(), before);
   EXPECT_EQ(fresh.get_scale(), 4.0);
   EXPECT_EQ(opt.steps_taken(), 0);
+}
+
+// The contract of optim/optimizer.h that DistributedDataParallel::step relies on: a parameter
+// without a gradient is skipped (value, version and state as they were), and two steps that each
+// see the gradients of one part of the parameters give exactly what one step over all of them gives.
+struct OptimizerCase {
+  const char* name;
+  DType dtype;  // of the parameters
+  std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)> make;
+};
+
+std::vector<OptimizerCase> optimizer_cases() {
+  return {
+      {"SGD with momentum and weight decay", DType::f32,
+       [](std::vector<Tensor> p) {
+         return std::make_unique<SGD>(std::move(p), SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+       }},
+      {"AdamW", DType::f32,
+       [](std::vector<Tensor> p) { return std::make_unique<AdamW>(std::move(p), AdamWOptions(0.01)); }},
+      {"AdamW with bf16 autocast copies", DType::f32,
+       [](std::vector<Tensor> p) {
+         return std::make_unique<AdamW>(std::move(p), AdamWOptions(0.01).autocast_copies(DType::bf16));
+       }},
+      {"AdamW with master weights", DType::bf16,
+       [](std::vector<Tensor> p) {
+         return std::make_unique<AdamW>(std::move(p), AdamWOptions(0.01).master_weights(true));
+       }},
+  };
+}
+
+std::vector<Tensor> contract_params(const Device& device, DType dtype) {
+  Generator gen(5);
+  std::vector<Tensor> params;
+  for (const Shape& shape : {Shape{7}, Shape{3, 4}, Shape{5}}) {
+    Tensor p = raw::to(randn(shape, TensorOptions().device(device), &gen), dtype);
+    params.push_back(p.requires_grad_());
+  }
+  return params;
+}
+
+// The optimizer's state on the host, entry by entry; only parameter `index`'s with index >= 0.
+std::map<std::string, std::vector<double>> host_state(const Optimizer& opt, int index = -1) {
+  const std::string prefix = index < 0 ? "" : "g0.p" + std::to_string(index) + ".";
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [name, t] : opt.state_dict()) {
+    if (name.rfind(prefix, 0) == 0) out[name] = t.to_vector<double>();
+  }
+  return out;
+}
+
+void expect_skips_parameters_without_gradients(const OptimizerCase& c, const Device& device) {
+  SCOPED_TRACE(c.name);
+  std::vector<Tensor> whole = contract_params(device, c.dtype), split = contract_params(device, c.dtype);
+  const std::unique_ptr<Optimizer> one = c.make(whole), two = c.make(split);
+  Generator gen(9);
+  constexpr size_t kSecondPart = 1;  // parameter 1 steps second; parameters 0 and 2 first
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : whole) grads.push_back(randn(p.shape(), TensorOptions().device(device), &gen));
+    for (size_t i = 0; i < whole.size(); ++i) whole[i].set_grad(grads[i].clone());
+    one->step();
+
+    for (size_t i = 0; i < split.size(); ++i) split[i].set_grad(i == kSecondPart ? Tensor() : grads[i].clone());
+    const std::vector<double> value = split[kSecondPart].to_vector<double>();
+    const uint64_t version = split[kSecondPart].version();
+    const auto state = host_state(*two, kSecondPart);
+    two->step();
+    EXPECT_EQ(split[kSecondPart].to_vector<double>(), value) << "step " << step;
+    EXPECT_EQ(split[kSecondPart].version(), version) << "step " << step;
+    EXPECT_EQ(host_state(*two, kSecondPart), state) << "step " << step;
+
+    for (size_t i = 0; i < split.size(); ++i) split[i].set_grad(i == kSecondPart ? grads[i].clone() : Tensor());
+    two->step();
+  }
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(split[i].to_vector<double>(), whole[i].to_vector<double>()) << "parameter " << i;
+  }
+  EXPECT_EQ(host_state(*two), host_state(*one));
+}
+
+TEST(Optimizer, SkipsAParameterWithoutAGradient) {
+  for (const OptimizerCase& c : optimizer_cases()) expect_skips_parameters_without_gradients(c, kCPU);
+}
+
+TEST(Optimizer, CudaSkipsAParameterWithoutAGradient) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (const OptimizerCase& c : optimizer_cases()) expect_skips_parameters_without_gradients(c, cuda_device(0));
 }
 
 }  // namespace
