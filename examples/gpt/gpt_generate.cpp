@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Generate text with a GPT, optionally with a LoRA adapter"};
   gpt_example::PlacementFlags placement_flags;
   std::string model_dir, adapter_dir, prompt = "The ";

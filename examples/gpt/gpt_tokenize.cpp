@@ -41,6 +41,7 @@ using mt::with_commas;
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Tokenize text files (byte-level, vocabulary 256) into token files for GPT training"};
   std::string output;
   std::string val_output;

@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Pretrain a GPT from scratch on a token file"};
   gpt_example::PlacementFlags placement_flags;
   gpt_example::TrainFlags train_flags;

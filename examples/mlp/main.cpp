@@ -100,6 +100,7 @@ double accuracy(const mt::Tensor& logits, const std::vector<int64_t>& labels) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Train an MLP on a synthetic three-class spiral"};
   std::string device_name = "cpu";
   int steps = 1500;

@@ -37,6 +37,7 @@ using bench::median;
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time a GPT training step and measure its peak memory per checkpointing mode"};
   mt::nn::GPTConfig config;
   config.vocab_size = 50304;

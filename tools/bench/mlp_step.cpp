@@ -53,6 +53,7 @@ using bench::median;
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time the small-MLP training step (launch-bound)"};
   std::string device_name = "cuda";
   int64_t width = 1024, layers = 4, batch = 64, warmup = 20, steps = 200, repeats = 5, profile_steps = 0;

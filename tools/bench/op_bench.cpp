@@ -517,6 +517,7 @@ CLI::Validator known_ops() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time single ops (GEMM, layer norm, attention, cross-entropy, AdamW) against their floors"};
   std::string device_name = "cuda", dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
   for (const std::string& op : kOps) ops_text += (ops_text.empty() ? "" : ",") + op;

@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Logits of a Hugging Face GPT-2 checkpoint computed by mixtrain (f32)"};
   std::string model_dir, ids_path, out_path, device_name = "cpu", adapter_dir, targets = "c_attn,c_proj,c_fc";
   mt::nn::LoRAOptions lora;

@@ -51,6 +51,7 @@ mt::Tensor load_batches(const std::string& path, int64_t vocab_size, int64_t n_p
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Train a Hugging Face GPT-2 checkpoint on given batches and print every step's loss"};
   std::string model_dir, batches_path, device_name = "cpu", amp = "off";
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 0;
