@@ -33,10 +33,11 @@ const char* dtype_name(DType t) {
 
 void check_loadable(const std::string& who, const std::string& name, DType stored, DType expected) {
   if (is_floating(stored) == is_floating(expected)) return;
-  throw DTypeError(detail::str_cat(who, ": '", name, "' is stored as ", dtype_name(stored), " but is ", dtype_name(expected),
-                           " here; ", is_floating(expected) ? "an integer" : "a floating",
-                           " tensor cannot be loaded into ", is_floating(expected) ? "a floating" : "an integer",
-                           " one (floating dtypes convert into each other, integer ones too)"));
+  throw DTypeError(detail::str_cat(who, ": '", name, "' is stored as ", dtype_name(stored), " but is ",
+                                   dtype_name(expected), " here; ", is_floating(expected) ? "an integer" : "a floating",
+                                   " tensor cannot be loaded into ",
+                                   is_floating(expected) ? "a floating" : "an integer",
+                                   " one (floating dtypes convert into each other, integer ones too)"));
 }
 
 DType parse_dtype(const std::string& name) {

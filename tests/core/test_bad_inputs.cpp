@@ -72,13 +72,13 @@ namespace {
 TEST(PrintableMessages, EscapesWhatIsNotPrintableUtf8AndKeepsTheRest) {
   EXPECT_EQ(mt::printable("plain ascii, tab\tand\nnewline"), "plain ascii, tab\tand\nnewline");
   EXPECT_EQ(mt::printable("caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80");
-  EXPECT_EQ(mt::printable("a\xff" "b"), "a\\xffb");
-  EXPECT_EQ(mt::printable("\x1b[31m"), "\\x1b[31m");                          // a terminal escape
+  EXPECT_EQ(mt::printable(std::string("a\xff") + "b"), "a\\xffb");
+  EXPECT_EQ(mt::printable("\x1b[31m"), "\\x1b[31m");  // a terminal escape
   EXPECT_EQ(mt::printable(std::string("nul\0byte", 8)), "nul\\x00byte");
-  EXPECT_EQ(mt::printable("\xc3"), "\\xc3");                                   // a sequence cut short
-  EXPECT_EQ(mt::printable("\xc0\xaf"), "\\xc0\\xaf");                          // an overlong '/'
-  EXPECT_EQ(mt::printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");                 // a UTF-16 surrogate
-  EXPECT_EQ(mt::printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");        // above U+10FFFF
+  EXPECT_EQ(mt::printable("\xc3"), "\\xc3");                             // a sequence cut short
+  EXPECT_EQ(mt::printable("\xc0\xaf"), "\\xc0\\xaf");                    // an overlong '/'
+  EXPECT_EQ(mt::printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");           // a UTF-16 surrogate
+  EXPECT_EQ(mt::printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
 }
 
 TEST(PrintableMessages, EveryErrorMessageIsPrintable) {

@@ -118,7 +118,8 @@ TEST(BadInputs, ModuleLoadOfAnIntegerTensorIntoAFloatingOneIsRefusedAndKeepsTheM
   const std::string path = fresh_dir("integer_module") + "/linear.safetensors";
   Linear layer(LinearOptions(2, 3));
   const std::vector<double> before = layer.bias.to_vector<double>();
-  save_safetensors(path, {{"weight", layer.weight.detach()}, {"bias", full({3}, 7.0, TensorOptions().dtype(DType::i32))}});
+  save_safetensors(path,
+                   {{"weight", layer.weight.detach()}, {"bias", full({3}, 7.0, TensorOptions().dtype(DType::i32))}});
   const std::string msg = error_message_of([&] { layer.load(path); });
   EXPECT_TRUE(contains(msg, path + ": load_state_dict: 'bias' is stored as i32 but is f32 here")) << msg;
   EXPECT_EQ(layer.bias.to_vector<double>(), before) << "a refused load must leave the module as it was";

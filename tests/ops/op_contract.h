@@ -59,6 +59,14 @@ struct OpCase {
     cuda_skip_reason = std::move(reason);
     return *this;
   }
+  // The CUDA path computes zeros the CPU does not, or skips some it computes (cuDNN's convolutions
+  // skip the padding that the CPU's im2col multiplies, and pad what the CPU skips), so a NaN or
+  // inf input meets a different set of zeros: NonFiniteWhereTheCpuIsNonFinite then holds it only
+  // to the rule that every output depending on the NaN input is NaN on CUDA too.
+  OpCase& cuda_nonfinite_may_differ(std::string reason) {
+    cuda_nonfinite_reason = std::move(reason);
+    return *this;
+  }
   OpCase& no_gradcheck(std::string reason) {
     gradcheck_skip_reason = std::move(reason);
     return *this;
@@ -74,6 +82,7 @@ struct OpCase {
   bool cuda = true;
   std::string cuda_skip_reason;
   std::string gradcheck_skip_reason;  // non-empty: the f64 gradcheck is skipped, with this reason
+  std::string cuda_nonfinite_reason;  // non-empty: see cuda_nonfinite_may_differ
 };
 
 // Default relative-norm tolerances for cuda_matches_cpu: f32 keeps ~7 digits,
