@@ -14,7 +14,7 @@
 // nodes out of the way (core/cuda/context.cu): a memory node between two kernels would make the
 // second wait for the first to end. One kernel departs from the rule above, by design: the norms'
 // final sum of the parameter gradients reads the partial rows while the backward before it writes
-// them, and waits only at its end (ops/norm/norm_cuda.cu, "read as they are written").
+// them, and waits only at its end (ops/norm/norm_final_sum.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
