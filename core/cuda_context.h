@@ -151,10 +151,9 @@ bool capturing();
 // kept beside the stream's chain of kernels, so that a kernel launched right after them as a
 // programmatic dependent (core/cuda/dependent_launch.cuh) may still start while the kernel
 // before them runs. Ops whose kernels are launched so hold one over the allocations they make
-// before launching. Elsewhere an allocation stays in the chain: kept beside it, it gives the
-// next kernel a second dependency for nothing (on an H200, op_bench norm_bytes, two plain
-// element-wise kernels replayed from a graph, measured 82.7-82.9% of copy bandwidth so against
-// 83.7-83.9% without). A free captured between two kernels still makes the second wait.
+// before launching. Elsewhere an allocation stays in the chain: kept beside it, it would give the
+// next kernel a second dependency, which slows plain kernels replayed from a graph and gains
+// nothing. A free captured between two kernels still makes the second wait.
 class DependentLaunchScope {
  public:
   DependentLaunchScope();

@@ -82,7 +82,7 @@ MT_HOST_DEVICE inline uint32_t round_subnormal(uint32_t abs, int min_subnormal_e
 // the hardware rounds to nearest even, overflows to inf and keeps subnormals exactly as the
 // software rule above does, so the results are the same bits; NaN takes the software path, which
 // keeps its payload. The software conversion alone is some twenty integer instructions and
-// branches per element, and the norm kernels spent most of their time in it.
+// branches per element, enough to bound a kernel that converts every element it reads.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define MT_HARDWARE_HALF_CONVERSIONS 1
 #endif

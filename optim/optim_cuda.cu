@@ -79,7 +79,7 @@ struct AdamWOp {
   static constexpr int kDepth = 5 + (kMaster ? 1 : 0) + (kCopy ? 1 : 0);
   // Elements per thread and access: every load of a thread's kVec elements of all lists is in
   // flight at once, and a block moves 4x the bytes per round trip of one element at a time
-  // (which left AdamW at 60% of copy bandwidth).
+  // (which left AdamW well short of the copy bandwidth).
   static constexpr int kVec = 4;
   AdamWArgs args;
   const float* found_inf;

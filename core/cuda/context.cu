@@ -252,11 +252,10 @@ DependentLaunchScope::~DependentLaunchScope() { --t_dependent_launch_scopes; }
 // Captured, cudaMallocAsync and cudaFreeAsync become memory nodes in the stream's chain, between
 // the kernel before them and the kernel after, and a programmatic dependent launch
 // (core/cuda/dependent_launch.cuh) does not cross such a node: the kernel after it then waits for
-// the one before to end and flush, as if launched plainly. On an H200, two kernels replayed from
-// a graph (globaltimer stamps): the second's first block started 1.9 us before the first's last
-// block ended and its wait returned 0.4 us after; with an allocation or a free captured between
-// them, +0.7 and +0.8 us, as without the dependent launch. So on the capturing stream the
-// allocator keeps its nodes beside the chain where a dependent launch may follow. A free node
+// the one before to end and flush, as if launched plainly, and the early start the dependent
+// launch exists for is lost (tests/core/test_dependent_launch.cu times both cases). So on the
+// capturing stream the allocator keeps its nodes beside the chain where a dependent launch may
+// follow. A free node
 // follows the stream's nodes, as captured, and the stream goes on from those nodes, not from it;
 // the next allocation is ordered after it. Inside a DependentLaunchScope an allocation node
 // follows only the free nodes set aside whose memory no running kernel may still use (the stream
@@ -265,10 +264,10 @@ DependentLaunchScope::~DependentLaunchScope() { --t_dependent_launch_scopes; }
 // the stream goes on from it, as captured. The graph still orders every free after the last use
 // of its memory and every allocation after the frees whose memory it may take, so its memory is
 // reused as before (the same high-water mark in that test), except memory freed since the last
-// kernel inside a scope. (The kernel right after a free set aside still waited, 0.3 us after
-// the end of the one before, in tests/core/test_dependent_launch.cu; captured in the chain
-// instead, the frees' nodes gave allocations in a scope no memory to reuse, and a graph of eight
-// 64 MiB buffers took all eight.)
+// kernel inside a scope. (The kernel right after a free set aside still waits for the end of the
+// one before. Frees are set aside rather than captured in the chain because there their nodes
+// would leave the allocations in a scope no memory to reuse: a graph would keep every buffer it
+// allocates.)
 namespace {
 
 struct CaptureDependencies {

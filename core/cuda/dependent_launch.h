@@ -1,10 +1,11 @@
 // Host side of programmatic dependent launch (core/cuda/dependent_launch.cuh): whether the
-// kernels written for it (the norms') are launched so. On unless MT_DEPENDENT_LAUNCH=0 is in the
-// environment at start, or set_dependent_launch(false) (at any time; captures record the setting
-// of their time). On an H200 it took op_bench layer_norm (bf16 [16384, 768], fwd+bwd, replayed
-// from a CUDA Graph) from 71.5-71.7% to 75.2-75.3% of copy bandwidth, and the GPT-2 124M
-// training step neither gained nor lost: 31.1 and 31.3 ms with it, 31.2 and 31.0 ms without,
-// replayed from a graph; 31.0 and 31.2 ms eagerly either way (alternating runs in one call).
+// kernels written for it (the norms', ops/norm) are launched as programmatic dependents of the
+// kernel before them. One process-wide setting, on by default: MT_DEPENDENT_LAUNCH=0 in the
+// environment turns it off (core/cuda/dependent_launch_setting.cpp says exactly how), and
+// set_dependent_launch() sets it at any time (a captured graph keeps the setting of its capture).
+// It takes effect only on sm_90 and later (dependent_launch_enabled). It speeds up the norm
+// kernels themselves, while a whole GPT-2 training step neither gains nor loses measurably
+// (docs/performance.md has the measurements).
 #pragma once
 
 namespace mt::cuda {

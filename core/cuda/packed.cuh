@@ -41,8 +41,8 @@ __device__ __forceinline__ void for_each_pack(int64_t n, Body&& body, Tail&& tai
 // ---- packs of accumulation values in registers (A: f32, or f64 beside f64 data), read from and
 // written as E ----
 // The bits are those of convert<> element by element (Note [Conversion rule]); what differs is
-// the instruction count, which bounds the row kernels (the layer norm's forward ran about 25
-// integer instructions per element converting one bf16 at a time).
+// the instruction count, which bounds the row kernels (converting one bf16 at a time costs tens of
+// integer instructions per element).
 
 // kN elements at p (aligned to the pack) as A. A bf16 is the top half of its f32: one shift or
 // mask per element.

@@ -36,8 +36,8 @@ __global__ void embedding_forward_kernel(T* out, const T* weight, const I* ids, 
 }
 
 // The same, a warp per row of packs of kPack elements (16 bytes), for rows of whole packs on
-// 16-byte boundaries: the row's id is read once, and no division per element. On an H200 the
-// element kernel took 0.15 ms for GPT-2's [16384, 768] f32 lookup, three times the bytes' floor.
+// 16-byte boundaries: the row's id is read once, and no division per element. The element
+// kernel's division and id read per element keep it far from the bytes' floor at GPT-2's shapes.
 template <typename T, typename I>
 __global__ void embedding_forward_rows_kernel(T* out, const T* weight, const I* ids, int64_t N, int64_t C, int64_t V) {
   constexpr int kPack = cuda::pack_size<T>();

@@ -32,8 +32,8 @@ struct GemmArgs {
   // [M] in out's dtype, written with the row sums of op(a): sum over k of op(a)[i, k]
   // (batch 1, beta 0, no bias). With op(a) = dy^T this is a linear layer's bias
   // gradient beside its weight gradient; on CUDA a column reduction of dy (16-byte reads
-  // where dy's rows allow them), in f32 beside bf16/f16 dy (cuBLASLt's BGRADB epilogue did it
-  // as a separate kernel at about half the memory bandwidth).
+  // where dy's rows allow them), in f32 beside bf16/f16 dy (cuBLASLt's BGRADB epilogue does it
+  // as a separate kernel, well short of the memory bandwidth).
   Tensor a_row_sums;
   // [batch, M, N] in out's dtype, contiguous: when defined, out = gelu_tanh(product + bias)
   // and this is written with product + bias, the GELU's input, which its backward reads

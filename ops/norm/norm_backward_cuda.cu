@@ -37,10 +37,9 @@ constexpr int kRowThreads = 16;     // rows in flight per parameter-gradient blo
 constexpr int kMaxRowGroups = 256;  // gridDim.y of the partial-sum kernel
 // Blocks of the warp-per-row backward: kBackwardRowsPerWarp rows per warp, but at least
 // kMinBackwardGroups blocks (fewer rows per warp) while rows / 8 allows, so that fewer rows still
-// fill the GPU, and at most kMaxWarpRowGroups. On an H200, [16384, 768] bf16 (op_bench layer_norm,
-// ncu): 4 rows per warp (512 blocks, two waves of 2 blocks per SM) took the backward 27.9 us and
-// the final sum 4.6 us; 8 rows (256 blocks, one wave) 25.3 and 3.4 us; 16 rows were slower again
-// (the op 0.050 against 0.046 ms).
+// fill the GPU, and at most kMaxWarpRowGroups. Fewer rows per warp mean more partial rows to write
+// and sum, and at GPT-2's shapes more waves of blocks; more rows per warp leave too few blocks to
+// fill the GPU.
 constexpr int64_t kBackwardRowsPerWarp = 8;
 constexpr int64_t kMinBackwardGroups = 256;
 
@@ -65,10 +64,8 @@ __device__ __forceinline__ T residual_grad(acc_t<T> norm_term, acc_t<T> dsum) {
 // then reduces. Deterministic: the grid depends on the rows alone. The residual (see NormResidualGrad) is added as dx
 // is stored. `polled`: the partial rows are a PartialRowWorkspace's, which the sum reads while this grid runs.
 // The rows are visited last to first (row_at), the reverse of the forward's order: a forward that ran just before
-// (a recomputed block, or the op alone) read its last rows of x last, and those are the likeliest still in L2. On an
-// H200 (op_bench layer_norm, bf16 [16384, 768], turns in one process, two calls) the op went from 73.5-76.3% of the
-// copy bandwidth to 75.2-78.6%, add_layer_norm from 77.6-87.8% to 79.3-89.7%; the graph-replayed GPT-2 step, whose
-// norms run far from their forwards, 30.9 and 30.9 ms against 30.8 and 30.9.
+// (a recomputed block, or the op alone) read its last rows of x last, and those are the likeliest still in L2. A
+// backward that runs far from its forward (a training step's) neither gains nor loses by the order.
 template <typename T, typename G, typename D, NormKind kKind, int kPerLane, int kVec, bool kFull>
 __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     norm_backward_warp_kernel(T* __restrict__ dx, D* __restrict__ ddelta, acc_t<T>* __restrict__ dweight_part,
@@ -119,9 +116,8 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
       if (first + k * stride < rows) x_rows.issue(k, x + row_at(first + k * stride) * cols, lane, cols);
     }
   }
-  // The ring's first rows of what may not be read yet, asked of the L2 (as in the forward, whose
-  // last rows are then draining): add_layer_norm 89.7-90.2% against 89.2-89.5% with the forward's
-  // prefetch alone, layer_norm unchanged (same calls).
+  // The ring's first rows of what may not be read yet, asked of the L2 (as in the forward): the
+  // kernel before is then draining, and the memory has room for them.
   if (prefetch_first_rows && lane == 0) {
     for (int k = 0; k < (ring.stages > 0 ? ring.stages : 1) && first + k * stride < rows; ++k) {
       const int64_t base = row_at(first + k * stride) * cols;
@@ -200,11 +196,9 @@ __global__ void __launch_bounds__(kWarpRowBlock, kPerLane <= 24 ? 2 : 1)
     ring.refill(r, stride, rows, fill);  // after the stores that needed every value of the slot
   }
   // Only now may the next kernel, the final sum, be scheduled (once every block has a warp past its
-  // rows: the first warp's signal counts for its block). Let in at the start, its blocks took
-  // the SMs' spare room during the rows and read the partial rows long before any was written:
-  // on an H200 (op_bench layer_norm, bf16 [16384, 768], turns in one process) 75.0-75.4% of the
-  // copy bandwidth against 80.4-80.7% so; with the final sum waiting for this grid instead of
-  // reading the rows as they come, 79.3-79.7% at the start and 80.0% here.
+  // rows: the first warp's signal counts for its block). Let in at the start, its blocks would
+  // take the SMs' spare room during the rows and poll the partial rows long before any is
+  // written, slowing the rows themselves.
   cuda::allow_dependent_grids();
   if (!params) return;  // the same for every thread of the grid: no barrier is skipped by some
   // One [kWarps, kPerLane * 32] tile, used for dweight and then for dbias.

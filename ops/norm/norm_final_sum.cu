@@ -77,8 +77,8 @@ __device__ __forceinline__ void finish_polled_sum() { cuda::wait_for_prerequisit
 // group row (warp * 4 + l / kFinalCols) and every 32nd after it (a warp load is four full
 // 32-byte sectors); the four rows of a warp combine by shuffles, the warps through shared
 // memory, in a fixed order. Narrow column tiles give a 768-wide norm 192 blocks, each thread a
-// few loads deep: 32-column tiles left it 48 blocks, 16 loads deep (3.4 us on an H200 for 256
-// groups, most of it latency).
+// few loads deep: 32-column tiles would leave it 48 blocks, 16 loads deep, waiting mostly on
+// memory latency.
 // With `polled` the partial rows are the warp-per-row backward's workspace (PartialRowWorkspace)
 // and that backward may still be running: each word is read until it no longer holds
 // kUnwrittenBits, then marked so again. The sums keep the same order either way.

@@ -38,7 +38,7 @@ constexpr int kShortestPollNs = 32;   // sleep between reads while the words are
 constexpr int kLongestPollNs = 1024;  // ... and the longest, reached while none has come for a while
 // Reads before falling back to waiting for the backward grid. The sum starts once every block of
 // the backward has a warp past its rows, so this only has to outlast the last rows and the blocks'
-// epilogues (a few us).
+// epilogues.
 constexpr int kPollsBeforeWait = 4096;
 
 __device__ __forceinline__ float published(float sum) { return isnan(sum) ? __int_as_float(0x7fffffff) : sum; }
@@ -49,10 +49,8 @@ __device__ __forceinline__ bool unwritten(float v) { return __float_as_uint(v) =
 // the PTX memory model, and never served by a stale L1 line), under an L2 evict_last policy. The
 // workspace is the same 1.6 MB for every norm on the stream, so it is worth keeping in the L2 while
 // the rows stream through: without the hint its lines were evicted between uses, written back
-// with their marks, and read back from DRAM by the sum's first reads, some 3 MB of DRAM traffic
-// per backward that no floor counts. On an H200 (op_bench, bf16 [16384, 768], three rounds of
-// alternating processes, copy 4229-4237 GB/s): layer_norm 76.4-77.0% of the copy bandwidth
-// against 75.8-76.6% without, add_layer_norm 88.2-88.3% against 87.3-87.4%.
+// with their marks, and read back from DRAM by the sum's first reads, twice the workspace's size in
+// DRAM traffic per backward that no floor counts.
 // Not volatile: the policy is a pure value, so the compiler may make it once per thread instead
 // of once per access (the sum's reads repeat while it polls).
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
@@ -81,16 +79,12 @@ __device__ __forceinline__ void store_word(float* p, float v) {
 // none takes partial rows of its own and a final sum that waits for the backward (GraphStep's
 // warm-up runs make the workspace before the capture). So a graph whose norms use it must be
 // replayed on the stream it was captured on, or while no other work runs on that stream.
-// On an H200 (op_bench, bf16 [16384, 768], turns in one process; the backward letting the sum in
-// after its rows): layer_norm 80.7% of the copy bandwidth in one call and 80.3-80.6% in another
-// with the rows read as they come, against 80.0% with the sum waiting for the backward grid (and
-// 79.3-79.7% as before, the backward letting the sum in at its start). With the backward letting
-// it in at its start, the rows in the workspace but awaited so gave 77.7% against 79.4-79.7%: the
-// marks cost some of what reading early gains. add_layer_norm 88.9% against 89.2% waiting.
-// Flags in place of the marks (one per row and final-sum block, set with st.release.gpu after
-// plain stores, read with a fence, cleared by their one reader: 200 KB against the marks' 1.6 MB)
-// gave 72.3-73.0% against 79.6-80.5% in alternating processes: the release waits on the block's
-// outstanding stores and the reader adds a fence and a trip to the L2 after the last flag.
+// Reading the rows as they come pays only where the backward lets the sum in after its rows; the
+// marks themselves cost some of what reading early gains. Marks rather than flags (one per row
+// and final-sum block, set with st.release.gpu after plain stores, read with a fence, cleared by
+// their one reader, a far smaller workspace): a release waits on the block's outstanding stores,
+// and the reader adds a fence and a trip to the L2 after the last flag, which cost more than the
+// marks' larger workspace.
 struct PartialRowWorkspace {
   static constexpr int64_t kWords = 2 * kMaxWarpRowGroups * kWarpRowCols;
   Tensor words;         // f32 [kWords]: dweight's rows, then dbias's

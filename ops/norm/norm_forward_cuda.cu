@@ -72,10 +72,8 @@ __global__ void __launch_bounds__(kWarpRowBlock)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   // Launched as a dependent, this block is resident while the kernels before it drain, when the
   // memory has little else to do: the warp's first row is asked of the L2 then (prefetch_to_l2,
-  // safe before the wait), and its copies after the wait find it there. On an H200 (op_bench,
-  // bf16 [16384, 768], three rounds of alternating processes, copy 4221-4241 GB/s) layer_norm
-  // went from 80.3-80.8% of the copy bandwidth to 82.6-83.2%; prefetching the ring's first two
-  // rows gave 81.9-82.3% (more lines asked for while the kernel before still streams its last rows).
+  // safe before the wait), and its copies after the wait find it there. One row, not the ring's
+  // first two: more lines asked for while the kernel before still streams its last rows slow it.
   if (prefetch_first_row && lane == 0 && first < rows) {
     cuda::prefetch_to_l2(x + first * cols, cols * sizeof(T));
     if (delta != nullptr) cuda::prefetch_to_l2(delta + first * cols, cols * sizeof(D));

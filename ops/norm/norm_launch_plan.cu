@@ -65,8 +65,8 @@ int resident_blocks_per_sm(const void* kernel, int device, KernelFacts& facts, s
 // The launch of a warp-per-row kernel whose streamed operands take `row_bytes` per row (each
 // padded to kPerLane * 32 elements), after `fixed_smem` bytes of its own (the f32 parameters): as
 // many stages as kWantedStages and the device's shared memory allow without fewer resident blocks
-// than the unstaged kernel's registers leave (on an H200 the measured rows lose none; on devices
-// with less shared memory per SM the rings would), on at most `blocks` blocks (0: as many as are
+// than the unstaged kernel's registers leave (on devices with less shared memory per SM the rings
+// would otherwise cost resident blocks), on at most `blocks` blocks (0: as many as are
 // resident at once, every warp looping over rows); unstaged on warp_row_grid(rows) blocks (at most
 // `blocks`) when kStageable is false, row_bytes exceeds max_staged_row_bytes (the limit of the
 

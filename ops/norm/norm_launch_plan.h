@@ -21,17 +21,13 @@ struct StagedLaunch {
 };
 
 // Row slots per warp the staged kernels ask for. Two keep the next row in flight while a warp
-// works on one; on an H200 three were slower (op_bench layer_norm 0.061 against 0.057 ms: the
-// larger rings leave fewer blocks resident).
+// works on one; three were slower: the larger rings leave fewer blocks resident.
 constexpr int kWantedStages = 2;
 
 // Rows of more bytes than the limits below (all streamed operands together) are not staged: their
-// register loads already keep much in flight per warp, and the rings cost resident blocks.
-// op_bench on an H200: the bf16 layer_norm's 1.5 + 3 KiB rows went from 0.056 to 0.051 ms staged,
-// add_layer_norm's f32-stream 4.5 + 7.5 KiB rows from 0.105 to 0.111 ms. Later, in turns within one
-// process: the f32 layer_norm with its backward's 6 KiB rows staged 73.1-73.5% of the copy
-// bandwidth against 66.3-66.5%, add_layer_norm with its forward's 4.5 KiB rows staged 88.0-88.1%
-// against 89.6-89.7%. Hence a limit per direction.
+// register loads already keep much in flight per warp, and the rings cost resident blocks. Where
+// the balance tips differs between the directions (the backward gains from staging rows that the
+// forward is faster without), hence a limit per direction.
 constexpr size_t kMaxStagedForwardRowBytes = 4096;
 constexpr size_t kMaxStagedBackwardRowBytes = 6144;
 

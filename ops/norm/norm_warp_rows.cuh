@@ -52,15 +52,13 @@ void dispatch_per_lane(int64_t cols, Fn&& fn) {
 
 // The columns per access of the warp-per-row kernels when every row of every operand starts on
 // a boundary of that many elements (else 1). Eight columns are one 16-byte access of a half type
-// and two of f32. In GPT-2's shapes the packs took op_bench's layer_norm (bf16, fwd+bwd) from
-// 0.114 to 0.061 ms and add_layer_norm from 0.156 to 0.101 ms.
+// and two of f32; one element per access costs several times the instructions per byte.
 constexpr int kPackColumns = 8;
 
 // Calls fn(std::integral_constant<int, V>, std::bool_constant<kFull>) with V, the columns per
 // access: kPackColumns where the operands allow it, else 1; and kFull (in_row) for packed rows of
-// exactly kPerLane * 32 columns, whose chunks need no predicates. On an H200 (op_bench layer_norm,
-// bf16 [16384, 768], ncu) kFull took the backward from 12.8M to 9.9M instructions and the forward
-// from 8.0M to 6.9M, the op from 0.046 to 0.044 ms. V does not depend on y's or dy's dtype, so
+// exactly kPerLane * 32 columns, whose chunks need no predicates (fewer instructions in kernels
+// bound by their issue). V does not depend on y's or dy's dtype, so
 // that a half y and an f32 y of the same x sum the row in the same order when every operand is
 // aligned (LayerNorm.CudaHalfOutputEqualsTheCastOfTheF32OutputWithTheSameGradients); a view that
 // breaks the alignment takes one element per access, and its sums are in another order.
@@ -123,12 +121,9 @@ __device__ __forceinline__ void load_row(const E* __restrict__ row, int lane, in
 // A lane's chunks of one row from values[kPerLane] (chunk_col's layout) to `row` as E, and the same
 // elements to `also` unless it is null (the backward's ddelta beside dx). When the
 // whole of the lane's row takes the paired conversion (cuda::pairs_convertible: one test), every
-// chunk is converted before the first store. A test and a branch per chunk had kept each chunk's
+// chunk is converted before the first store. A test and a branch per chunk would keep each chunk's
 // conversion behind the previous chunk's store, in the same registers, which a store releases only
-// once it has read them: ncu put the backward's largest stall on the long scoreboard. With this
-// and param_index's layout, op_bench layer_norm (bf16 [16384, 768], H200) went from 0.044 to
-// 0.043 ms (the backward 24.6 to 23.8 us, the forward 15.5 to 15.0), add_layer_norm from 0.104
-// to 0.100 ms.
+// once it has read them, so that each chunk's stores would wait on the one before.
 template <int kPerLane, int kVec, bool kFull, typename E, typename A>
 __device__ __forceinline__ void store_row(E* __restrict__ row, E* __restrict__ also, int lane, int cols,
                                           const A* values) {
@@ -215,8 +210,7 @@ constexpr int kParamRows = 2;
 // l + 32 j, adjacent words). Packs of kVec > 4 f32 take several 16-byte reads per lane, and in
 // column order lane l's would start 32 bytes after lane l - 1's (two-way bank conflicts); so each
 // pack is cut into 4-float quarters, and quarter q of the lanes' chunk j lies in one 512-byte run,
-// lane after lane. ncu on the bf16 [16384, 768] op: the excess shared-memory wavefronts went from
-// 53% to 40% of the forward's, from 27% to 8% of the backward's (the rest was not traced).
+// lane after lane, which removes most of the conflicts.
 template <int kVec>
 __device__ __forceinline__ int param_chunk_start(int lane, int j) {  // lane's chunk j (its quarter 0)
   if constexpr (kVec <= 4) {
@@ -258,9 +252,9 @@ __device__ __forceinline__ void load_params(const float* row, int lane, int j, f
 // L2 prefetches (cuda::prefetch_to_l2), which read nothing.
 // Two kernels differ: the warp-per-row backward lets the next one in only after its rows, and a
 // polled final sum lets it in at once and waits last (norm_final_sum.cuh).
-// On an H200 the blocks of one kernel started 0.8 to 1.0 us after the last block of the kernel
-// before it had ended (globaltimer stamps, op_bench layer_norm in a CUDA Graph); launched this
-// way, two kernels in a graph: 1.9 us before, the wait returning 0.4 us after.
+// Launched plainly, a kernel's blocks start only after the last block of the kernel before has
+// ended and its memory is flushed; launched this way they start before it ends, and the wait
+// returns soon after.
 __device__ __forceinline__ void start_dependent_kernel() {
   cuda::wait_for_prerequisite_grids();
   cuda::allow_dependent_grids();
@@ -271,12 +265,9 @@ __device__ __forceinline__ void start_dependent_kernel() {
 // kWarpRowBlock of the kPerLane * 32 slots; the warp-per-row kernels' blocks are kWarpRowBlock
 // threads) into registers, all loads issued before any is used; store() writes them as f32 in
 // param_index's layout (1 and -0 past the row or without the tensor). The caller then waits at a
-// barrier before any warp reads them. The kernels had read them in a loop striding by blockDim.x
-// (a trip count the compiler does not know, so each round's loads waited for the last round's
-// stores) before issuing any copy. On an H200 (op_bench layer_norm, bf16 [16384, 768], two runs
-// each way in one call) this took the op from 66.7 and 68.2% of the copy bandwidth to 71.5 and
-// 71.7% (dependent launch off), from 71.9 and 73.1% to 75.2 and 75.3% (on); add_layer_norm from
-// 80.3-80.5% to 82.3-82.4% (off).
+// barrier before any warp reads them. A loop striding by blockDim.x (a trip count the compiler
+// does not know) would make each round's loads wait for the last round's stores, and reading them
+// before issuing any copy would leave the rows waiting behind them.
 template <typename T, int kPerLane, int kVec>
 struct ParamsInFlight {
   static constexpr int kSlot = kPerLane * rowwise::kWarpSize;

@@ -4,8 +4,8 @@
 //    Threads of a warp take adjacent columns so every read is coalesced; row
 //    groups go to separate blocks, writing [groups, cols] partials in acc_t that
 //    a second launch sums. One block per output column would read with a stride
-//    of a whole row: a bias gradient of [16384, 3072] bf16 took 16x the bytes it
-//    needs. Where the rows allow it (16-byte aligned, columns and row stride
+//    of a whole row, a memory sector for every element, many times the bytes a
+//    bias gradient needs. Where the rows allow it (16-byte aligned, columns and row stride
 //    multiples of a pack) a thread reads 16 bytes of adjacent columns at a time
 //    (the packed kernel, the same sums in the same order), else one element.
 //  - rows: a contiguous input whose few outputs each reduce a long run of
@@ -220,9 +220,10 @@ void reduce_columns(Out* dst, const Tensor& in, int64_t cols, int64_t rows, int6
 }
 
 // The rows kernel's case: a contiguous input and output, few outputs, long rows. Rows of 4096
-// elements or more split into blocks of kRowSplit elements; one block per output of 65536 (a
-// 64 x 1024 loss's mean) computed an index per element on 256 threads alone: 145 us, half of
-// the MLP step. The splits depend on the shape alone, so the sum's order does too.
+// elements or more split into blocks of kRowSplit elements; one block per output would leave a
+// long row (a loss's mean over the batch) to 256 threads alone, computing an index per element,
+// a large share of a small model's step. The splits depend on the shape alone, so the sum's
+// order does too.
 constexpr int64_t kRowSplit = 4096;
 constexpr int64_t kMaxRowsOuter = 1024;
 

@@ -1,8 +1,8 @@
 // CPU select loop. bool and u8 conditions are both one byte; reading either
 // through unsigned char is well defined. The joint strided walk (core/cpu_loops.h)
 // finds each operand's offset once per run of the innermost dim and splits large
-// tensors across the cores; finding every element's offsets by division made a
-// causal mask over [16, 4, 64, 64] scores 4.2 ms on two cores (now 0.28 ms).
+// tensors across the cores; finding every element's offsets by division instead
+// would cost several divisions per element, far more than the select itself.
 #include "core/cpu_loops.h"
 #include "core/dispatch.h"
 #include "ops/where/where_kernels.h"

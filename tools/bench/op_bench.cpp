@@ -39,13 +39,12 @@
 // each replay is timed between two events, divided by its runs: the op's device time without the
 // host's launch gaps (the way to time small ops; --eager times each run between events instead,
 // launch gaps included, as a training loop without graphs sees them). A replay also pays its own
-// launch, which no op pays inside a training step captured whole: on an H200 about 3 us (2 to 5
-// in fits of the replay's time against its runs, 1 to 128, for layer_norm, add_layer_norm and
-// norm_bytes). Split over 4 runs, as it was, that added about 0.7 us to layer_norm's 38; over 32
-// it adds 0.1 us. The two probes (the GEMM rate and the copy bandwidth) are single launches of
-// 0.5 ms or more, timed eagerly (see the copy's). An op whose capture is refused is timed
-// eagerly, and the table says so. On the CPU, steady_clock. tools/bench/op_bench_torch.py is the
-// PyTorch twin, timed the same way, and prints the same `op_bench_torch: <op> <median_ms>` lines.
+// launch, which no op pays inside a training step captured whole; --graph-runs spreads it over
+// enough runs that it is a small share of each. The two probes (the GEMM rate and the copy
+// bandwidth) are single launches of 0.5 ms or more, timed eagerly (see the copy's). An op whose
+// capture is refused is timed eagerly, and the table says so. On the CPU, steady_clock.
+// tools/bench/op_bench_torch.py is the PyTorch twin, timed the same way, and prints the same
+// `op_bench_torch: <op> <median_ms>` lines.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -201,8 +200,8 @@ double measure_gemm_rate(const Timing& timing, mt::DType dtype, int64_t size, do
 
 // A device-to-device copy (cudaMemcpyAsync) of mib MiB of random f32 values: it reads and writes
 // every byte. Timed eagerly: captured in a graph the copy becomes a memcpy node that a copy engine
-// runs, on an H200 at 2.77 TB/s where the same copy launched eagerly, and a copy kernel either way,
-// reached 4.21-4.26 TB/s (PyTorch's copy_ and add, 1 GiB, 2026-12-03).
+// runs, well below the bandwidth that the same copy launched eagerly, or a copy kernel either way,
+// reaches.
 double measure_copy_bandwidth(const Timing& timing, int64_t mib, double* ms_out) {
   const int64_t n = mib << 20;  // bytes
   mt::Generator generator(7);
