@@ -5,12 +5,10 @@
 //     auto loss = mt::cross_entropy(model(x), y); }   // GEMMs in bf16, the loss in f32
 //   loss.backward();                                   // outside the region, as in PyTorch
 //
-// The policy (one table, autograd/autocast_policy.cpp, printed in the README):
-//   lower_precision: matmul, bmm, linear, conv2d, attention   -> the region's dtype
-//   fp32: exp, log, pow, rsqrt, softplus, layer_norm, rms_norm, softmax,
-//         log_softmax, cross_entropy (every loss), sum, mean, var, norms -> f32
-//   promote: add, sub, mul, div, cat, stack, where            -> the widest input dtype
-//   anything else runs in its inputs' dtype.
+// Each op named in the policy table (autograd/autocast_policy.cpp, the one source; its
+// documented copy is docs/numerics.md, checked against it by a test) runs in the region's
+// low dtype (lower_precision), in f32 (fp32) or in its widest input dtype (promote);
+// any other op runs in its inputs' dtype.
 // Only f32 tensors are cast to the low dtype, and only f16/bf16 ones up to f32:
 // f64 and integer tensors are never touched. Casts are recorded before the op,
 // so backward sees the low-precision saved tensors and the gradient of a cast

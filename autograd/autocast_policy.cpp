@@ -1,4 +1,5 @@
-// The autocast op policy: the one table (see autograd/autocast.h).
+// The autocast op policy: the one table (see autograd/autocast.h). docs/numerics.md shows
+// it; tests/autograd/test_autocast_doc.cpp fails when the two differ.
 #include <cstring>
 
 #include "autograd/autocast.h"
