@@ -103,9 +103,8 @@ int64_t repeat_period(const Tensor& t) {
 // out = op(a, b) where one operand is dense and the other (a when kRepeatedA, else b) is a
 // period of `period_packs` packs repeated along the output (repeat_period): a thread loads its
 // pack of the period once and applies it to that pack of every repeat, blockIdx.y picking the
-// first repeat. No division per element: the strided kernel took one per element and operand
-// (GPT-2's position table over a [16, 1024, 768] batch: 123 us for 50 MB; this path is bound by
-// the bytes).
+// first repeat. No division per element: the strided kernel takes one per element and operand,
+// which made it compute-bound where this path is bound by the bytes.
 template <typename T, bool kRepeatedA, typename Op>
 __global__ void repeated_binary_kernel(T* out, const T* dense, const T* period, int64_t period_packs, int64_t repeats,
                                        Op op) {
