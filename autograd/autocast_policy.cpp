@@ -29,7 +29,6 @@ constexpr Entry kPolicy[] = {
     {"log", P::fp32},
     {"pow", P::fp32},
     {"rsqrt", P::fp32},
-    {"softplus", P::fp32},
     {"layer_norm", P::fp32},
     {"rms_norm", P::fp32},
     {"add_layer_norm", P::fp32},  // x and the parameters; delta is read as it is
@@ -40,7 +39,6 @@ constexpr Entry kPolicy[] = {
     {"sum", P::fp32},
     {"mean", P::fp32},
     {"var", P::fp32},
-    {"norm", P::fp32},
     // Mixed inputs: the widest.
     {"add", P::promote},
     {"sub", P::promote},
