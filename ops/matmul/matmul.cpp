@@ -105,13 +105,53 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
                          (b.size(0) == batch || b.size(0) == 1),
                      "gemm: shapes do not match: out ", describe(out), ", op(a) ", describe(a), ", op(b) ",
                      describe(b));
+  // The epilogue's operands, checked against out here; each is defined only for the
+  // epilogues that take it (GemmEpilogue), which is what the code below goes by.
+  const GemmEpilogue& epilogue = args.epilogue;
+  const Tensor& bias = epilogue.bias_vector();     // bias, bias_gelu: [N]
+  const Tensor& pre = epilogue.pre_activation();   // bias_gelu writes it, gelu_backward reads it
+  const Tensor& row_sums = epilogue.a_row_sums();  // row_sums: [M]
+  const auto check_bias = [&] {
+    MT_INTERNAL_ASSERT(
+        bias.dim() == 1 && bias.size(0) == n && bias.dtype() == out.dtype() && bias.device() == out.device(),
+        "gemm: bias ", describe(bias), " for out ", describe(out));
+  };
+  const auto check_pre = [&] {
+    MT_INTERNAL_ASSERT(batch == 1 && pre.shape() == out.shape() && pre.dtype() == out.dtype() &&
+                           pre.device() == out.device() && pre.is_contiguous(),
+                       "gemm: GELU pre-activation ", describe(pre), " for out ", describe(out));
+  };
+  MT_INTERNAL_ASSERT(epilogue.kind() == Epilogue::none || args.beta == 0.0,
+                     "gemm: an epilogue writes out without reading it, got beta ", args.beta);
+  switch (epilogue.kind()) {
+    case Epilogue::none:
+      break;
+    case Epilogue::bias:
+      check_bias();
+      break;
+    case Epilogue::bias_gelu:
+      check_bias();
+      check_pre();
+      break;
+    case Epilogue::gelu_backward:
+      check_pre();
+      break;
+    case Epilogue::row_sums:
+      MT_INTERNAL_ASSERT(batch == 1 && row_sums.dim() == 1 && row_sums.size(0) == m &&
+                             row_sums.dtype() == out.dtype() && row_sums.device() == out.device() &&
+                             row_sums.is_contiguous(),
+                         "gemm: row sums ", describe(row_sums), " for out ", describe(out));
+      break;
+  }
+  const bool with_gelu = epilogue.kind() == Epilogue::bias_gelu;
+  const bool with_gelu_grad = epilogue.kind() == Epilogue::gelu_backward;
   // The row sums of op(a) by a reduction. On CUDA straight into the target (f32 beside half
   // operands), by the packed column kernel when op(a) is dy^T: cuBLASLt's BGRADB epilogue runs as
   // a separate kernel over dy, well short of the memory bandwidth, once per linear layer.
   const auto reduce_row_sums = [&] {
-    if (!args.a_row_sums.defined()) return;
+    if (!row_sums.defined()) return;
     NoGradGuard no_grad;
-    Tensor target = args.a_row_sums;
+    Tensor target = row_sums;
     const Tensor rows_of_a = raw::narrow(a, 0, 0, 1);  // op(a)'s first matrix [1, M, K], summed over K
     // A wider target only by the column kernel: op(a)'s rows at unit stride (dy^T).
     const bool columns = m >= 2 && k >= 2 && rows_of_a.stride(1) == 1;
@@ -127,31 +167,13 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
       target.copy_(sum(as_dtype(rows_of_a, target.dtype()), {0, 2}));
     }
   };
-  const Tensor& pre = args.gelu_pre_activation;
-  const bool with_gelu = pre.defined();
-  if (with_gelu) {
-    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && args.bias.defined() && !args.a_row_sums.defined() &&
-                           pre.shape() == out.shape() && pre.dtype() == out.dtype() && pre.device() == out.device() &&
-                           pre.is_contiguous(),
-                       "gemm: GELU pre-activation ", describe(pre), " for out ", describe(out), " with beta ",
-                       args.beta, (args.bias.defined() ? "" : " and no bias"));
-  }
   // The GELU by the element-wise loop, from the pre-activation the GEMM wrote: on the CPU,
   // and wherever the epilogue cannot serve. fn::GeluTanh is the formula gelu() runs too.
   const auto apply_gelu = [&] { run_unary(out, pre, "gelu", fn::GeluTanh{}); };
-  const Tensor& gelu_input = args.gelu_backward_pre_activation;
-  const bool with_gelu_grad = gelu_input.defined();
-  if (with_gelu_grad) {
-    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && !args.a_row_sums.defined() &&
-                           !with_gelu && gelu_input.shape() == out.shape() && gelu_input.dtype() == out.dtype() &&
-                           gelu_input.device() == out.device() && gelu_input.is_contiguous(),
-                       "gemm: GELU backward pre-activation ", describe(gelu_input), " for out ", describe(out),
-                       " with beta ", args.beta, (args.bias.defined() ? " and a bias" : ""));
-  }
   // The GELU's derivative by the element-wise loop, in place over the product the GEMM wrote:
   // on the CPU, and wherever the epilogue cannot serve. fn::GeluTanhGrad is what gelu()'s
   // backward runs, (gradient, input) -> gradient * gelu_tanh'(input).
-  const auto apply_gelu_grad = [&] { run_binary(out, out, gelu_input, "gelu", fn::GeluTanhGrad{}); };
+  const auto apply_gelu_grad = [&] { run_binary(out, out, pre, "gelu", fn::GeluTanhGrad{}); };
   if (out.numel() == 0) {
     reduce_row_sums();
     return;
@@ -159,8 +181,8 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   if (k == 0) {  // an empty sum: out = beta * out (or the bias, or the GELU of the bias)
     reduce_row_sums();
     Tensor target = with_gelu ? pre : out;
-    if (args.bias.defined()) {
-      target.copy_(raw::expand(args.bias, out.shape()));
+    if (bias.defined()) {
+      target.copy_(raw::expand(bias, out.shape()));
     } else if (args.beta == 0.0) {
       target.zero_();
     } else if (args.beta != 1.0) {
@@ -177,39 +199,35 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   // (ld a multiple of 8 elements, a 16-byte aligned matrix), in f16/bf16 only: cuBLASLt does
   // not document how accurately its epilogue computes the GELU, and f32 is held to f32
   // accuracy while f16/bf16 round far more coarsely. Otherwise the product and bias go to
-  // the pre-activation and the GELU is a second pass.
-  const auto epilogue_can_read = [&](const Tensor& gelu_matrix) {
-    return out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
-           reinterpret_cast<uintptr_t>(gelu_matrix.data_ptr()) % 16 == 0;
-  };
-  const bool fused_gelu = with_gelu && epilogue_can_read(pre);
-  if (fused_gelu) p.gelu_pre_activation = pre;
-  // The GELU's derivative likewise, by the DGELU epilogue reading the pre-activation under the
-  // same rules (f16/bf16 for the same reason); otherwise a second pass over out.
-  if (with_gelu_grad && epilogue_can_read(gelu_input)) p.gelu_backward_pre_activation = gelu_input;
+  // the pre-activation and the GELU is a second pass. The GELU's derivative likewise, by the
+  // DGELU epilogue reading the pre-activation under the same rules (f16/bf16 for the same
+  // reason); otherwise a second pass over out.
+  const bool fused_gelu = (with_gelu || with_gelu_grad) && out.is_cuda() && is_half(out.dtype()) && n % 8 == 0 &&
+                          reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 == 0;
   // Where the product (and bias) is written: out, or the pre-activation when the GELU comes after.
   const Tensor product_out = with_gelu && !fused_gelu ? pre : out;
-  const bool row_sums = args.a_row_sums.defined();
-  if (row_sums) {
-    MT_INTERNAL_ASSERT(batch == 1 && args.beta == 0.0 && !args.bias.defined() && args.a_row_sums.dim() == 1 &&
-                           args.a_row_sums.size(0) == m && args.a_row_sums.dtype() == out.dtype() &&
-                           args.a_row_sums.device() == out.device() && args.a_row_sums.is_contiguous(),
-                       "gemm: row sums ", describe(args.a_row_sums), " for out ", describe(out));
-  }
-  if (args.bias.defined()) {
-    MT_INTERNAL_ASSERT(args.beta == 0.0 && args.bias.dim() == 1 && args.bias.size(0) == n &&
-                           args.bias.dtype() == out.dtype() && args.bias.device() == out.device(),
-                       "gemm: bias ", describe(args.bias), " for out ", describe(out), " with beta ", args.beta);
+  // What the CUDA kernel applies without the GELU (its bias, if any); the CPU kernels apply
+  // nothing, accumulating onto a copy of the bias instead.
+  GemmEpilogue plain;
+  if (bias.defined()) {
     if (out.is_cuda()) {
       // cuBLASLt's bias epilogue wants a 16-byte aligned vector; a view at an odd offset gets a copy.
-      const Tensor bias = raw::contiguous(args.bias);
-      p.bias = reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0 ? bias : raw::clone(bias);
-    } else {  // the CPU kernels accumulate onto a copy of the bias instead
+      const Tensor contiguous = raw::contiguous(bias);
+      plain = GemmEpilogue::bias(reinterpret_cast<uintptr_t>(contiguous.data_ptr()) % 16 == 0 ? contiguous
+                                                                                              : raw::clone(contiguous));
+    } else {
       Tensor target = product_out;
-      target.copy_(raw::expand(args.bias, out.shape()));
+      target.copy_(raw::expand(bias, out.shape()));
     }
   }
-  const double beta = args.bias.defined() && !out.is_cuda() ? 1.0 : args.beta;
+  if (!fused_gelu) {
+    p.epilogue = plain;
+  } else if (with_gelu) {
+    p.epilogue = GemmEpilogue::bias_gelu(plain.bias_vector(), pre);
+  } else {
+    p.epilogue = GemmEpilogue::gelu_backward(pre);
+  }
+  const double beta = bias.defined() && !out.is_cuda() ? 1.0 : args.beta;
   p.batch = batch;
   p.m = m;
   p.n = n;
@@ -219,21 +237,20 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   p.a = make_operand(a, batch);
   p.b = make_operand(b, batch);
   p.c = output_operand(product_out);
-  // p's optional epilogue (the GELU or its derivative; one at most) ran in the GEMM.
+  // Whether p's GELU epilogue (the GELU or its derivative) ran in the GEMM.
   bool epilogue_ran = false;
   if (out.is_cuda()) {
 #if MT_WITH_CUDA
     if (gemm_cuda(p)) {
-      epilogue_ran = p.gelu_pre_activation.defined() || p.gelu_backward_pre_activation.defined();
+      epilogue_ran = fused_gelu;
     } else {
       // No algorithm with that epilogue: the plain GEMM (its bias still in the epilogue), then
       // the epilogue's work below.
-      GemmProblem plain = p;
-      plain.gelu_pre_activation = Tensor();
-      plain.gelu_backward_pre_activation = Tensor();
-      if (with_gelu) plain.c = output_operand(pre);
-      const bool written = gemm_cuda(plain);
-      MT_INTERNAL_ASSERT(written, "gemm: a GEMM without an optional epilogue must always run");
+      GemmProblem without_gelu = p;
+      without_gelu.epilogue = plain;
+      if (with_gelu) without_gelu.c = output_operand(pre);
+      const bool written = gemm_cuda(without_gelu);
+      MT_INTERNAL_ASSERT(written, "gemm: a GEMM without a GELU epilogue must always run");
     }
 #else
     throw_no_cuda("matmul");
@@ -241,7 +258,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
   } else {
     gemm_cpu(p);
   }
-  if (row_sums) reduce_row_sums();
+  reduce_row_sums();
   if (with_gelu && !epilogue_ran) apply_gelu();
   if (with_gelu_grad && !epilogue_ran) apply_gelu_grad();
 }
@@ -251,6 +268,7 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
 using autograd::LambdaNode;
 using autograd::SavedTensor;
 using ops::GemmArgs;
+using ops::GemmEpilogue;
 using ops::Transpose;
 
 namespace {
@@ -465,13 +483,16 @@ DType check_linear(const char* op, const Tensor& x, const Tensor& weight, const 
 
 // y [1, P, out] = x [P, in] W^T + b, no recording; the bias in the GEMM's epilogue on CUDA.
 // With gelu_pre_activation [1, P, out] (and a bias), y = gelu_tanh(x W^T + b) and the
-// pre-activation x W^T + b is written there (GemmArgs::gelu_pre_activation).
+// pre-activation x W^T + b is written there (GemmEpilogue::bias_gelu).
 void linear_forward(const Tensor& out3, const Tensor& x, const Tensor& weight, const Tensor& bias, DType dtype,
                     int64_t rows, int64_t in, const Tensor& gelu_pre_activation = Tensor()) {
   GemmArgs args;
   args.transpose_b = Transpose::yes;
-  if (bias.defined()) args.bias = ops::as_dtype(bias, dtype);
-  args.gelu_pre_activation = gelu_pre_activation;
+  if (gelu_pre_activation.defined()) {
+    args.epilogue = GemmEpilogue::bias_gelu(ops::as_dtype(bias, dtype), gelu_pre_activation);
+  } else if (bias.defined()) {
+    args.epilogue = GemmEpilogue::bias(ops::as_dtype(bias, dtype));
+  }
   ops::gemm(out3, raw::reshape(ops::as_dtype(x, dtype), {1, rows, in}), raw::unsqueeze(ops::as_dtype(weight, dtype), 0),
             args);
 }
@@ -504,7 +525,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x_saved, const Tenso
     args.transpose_a = Transpose::yes;
     if (want_b && gradient_dtype(dtype, b_dtype) == dw_dtype) {  // the row sums come in dW's dtype
       grads.bias = empty({out_features}, ops::options_of(dy).dtype(dw_dtype));
-      args.a_row_sums = grads.bias;
+      args.epilogue = GemmEpilogue::row_sums(grads.bias);
     }
     ops::gemm(raw::unsqueeze(grads.weight, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(xf, 0), args);
   }
@@ -656,7 +677,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
             const DType dtype = dy.dtype();
             const Tensor dpre = empty({p, hidden}, ops::options_of(dy));
             GemmArgs args;
-            args.gelu_backward_pre_activation = raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0);
+            args.epilogue = GemmEpilogue::gelu_backward(raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0));
             ops::gemm(raw::unsqueeze(dpre, 0), raw::unsqueeze(dy, 0),
                       raw::unsqueeze(ops::as_dtype(self.unpack(3), dtype), 0), args);
             const std::vector<Tensor> first_grads = linear_input_grads(dpre, self, in);

@@ -106,6 +106,8 @@ void gemm_typed(const GemmProblem& p) {
 }  // namespace
 
 void gemm_cpu(const GemmProblem& p) {
+  // gemm() does every epilogue's work around these kernels (a bias as a copy under beta 1).
+  MT_INTERNAL_ASSERT(p.epilogue.kind() == Epilogue::none, "matmul: the CPU kernels apply no epilogue");
   dispatch_floating(p.c.tensor.dtype(), "matmul", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(p); });
 }
 

@@ -270,49 +270,62 @@ bool gemm_typed(const GemmProblem& p) {
   const MatmulDesc desc(raw_desc);
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_a.op, sizeof(lt_a.op)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_b.op, sizeof(lt_b.op)));
-  // A bias over our columns is, in the swapped problem, a bias over cuBLASLt's rows:
-  // exactly what its BIAS epilogue adds (one vector for every batch entry).
-  const bool with_bias = p.bias.defined();
-  // The GELU's input matrix, our row-major [M, N], is cuBLASLt's column-major [N, M] with
-  // ld N, like C^T: GELU_AUX_BIAS writes it (the f32 accumulator plus bias, rounded to C's
-  // dtype, the aux type's default) and GELU(it) to C. Its ld must be a multiple of 8 and
-  // at least cuBLASLt's row count N (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
-  // gemm() hands us only such matrices, 16-byte aligned, in f16/bf16, with a bias.
-  // cuBLASLt's GELU is the tanh form (GPT-2's, fn::GeluTanh); the op contract's CUDA cases
-  // for linear_gelu compare the two.
-  const bool with_gelu = p.gelu_pre_activation.defined();
+  // The epilogue cuBLASLt applies as it stores the tile, with the bias vector and the GELU
+  // input matrix (the aux pointer) it reads or writes: each defined only for the epilogues
+  // that take it.
+  const Tensor& bias = p.epilogue.bias_vector();
+  const Tensor& gelu_matrix = p.epilogue.pre_activation();
   const int64_t aux_ld = p.n;
-  MT_INTERNAL_ASSERT(!with_gelu || (with_bias && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
-                                    alignment_of(p.gelu_pre_activation.data_ptr()) >= 16),
-                     "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
-                     ") for ", describe_problem(p));
-  // The GELU's backward: DGELU reads the GELU's input (the matrix GELU_AUX_BIAS wrote, in
-  // the same layout and dtype) through the same aux pointer and ld, and writes
-  // C = (A B) * GELU'(aux). That it differentiates the tanh form, as its forward applies, is
-  // what MlpGeluCuda.TheDgeluEpilogueComputesTheTanhFormsDerivative checks. It takes no bias
-  // vector (cublasLt.h names only the aux input for it). DGELU_BGRAD would also write a bias
-  // gradient through the bias pointer, but cublasLt.h does not say over which dimension it
-  // reduces, and it would come in C's dtype: the first layer's bias gradient is a column sum
-  // of dpre, in the parameter's dtype, as linear's is (gemm's a_row_sums).
-  const bool with_gelu_grad = p.gelu_backward_pre_activation.defined();
-  MT_INTERNAL_ASSERT(!with_gelu_grad || (!with_bias && !with_gelu && p.batch == 1 && !f64 && aux_ld % 8 == 0 &&
-                                         alignment_of(p.gelu_backward_pre_activation.data_ptr()) >= 16),
-                     "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ", bias ", with_bias,
-                     ") for ", describe_problem(p));
-  // The GELU input matrix either epilogue reads or writes: the aux pointer.
-  const Tensor& gelu_matrix = with_gelu ? p.gelu_pre_activation : p.gelu_backward_pre_activation;
-  const bool with_aux = with_gelu || with_gelu_grad;
-  const cublasLtEpilogue_t epilogue = with_gelu        ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                      : with_gelu_grad ? CUBLASLT_EPILOGUE_DGELU
-                                      : with_bias      ? CUBLASLT_EPILOGUE_BIAS
-                                                       : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (p.epilogue.kind()) {
+    case Epilogue::none:
+      break;
+    case Epilogue::bias:
+      // A bias over our columns is, in the swapped problem, a bias over cuBLASLt's rows:
+      // exactly what its BIAS epilogue adds (one vector for every batch entry).
+      epilogue = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case Epilogue::bias_gelu:
+      // The GELU's input matrix, our row-major [M, N], is cuBLASLt's column-major [N, M] with
+      // ld N, like C^T: GELU_AUX_BIAS writes it (the f32 accumulator plus bias, rounded to C's
+      // dtype, the aux type's default) and GELU(it) to C. Its ld must be a multiple of 8 and
+      // at least cuBLASLt's row count N (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
+      // gemm() hands us only such matrices, 16-byte aligned, in f16/bf16.
+      // cuBLASLt's GELU is the tanh form (GPT-2's, fn::GeluTanh); the op contract's CUDA cases
+      // for linear_gelu compare the two.
+      MT_INTERNAL_ASSERT(p.batch == 1 && !f64 && aux_ld % 8 == 0 && alignment_of(gelu_matrix.data_ptr()) >= 16,
+                         "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ") for ",
+                         describe_problem(p));
+      epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+    case Epilogue::gelu_backward:
+      // The GELU's backward: DGELU reads the GELU's input (the matrix GELU_AUX_BIAS wrote, in
+      // the same layout and dtype) through the same aux pointer and ld, and writes
+      // C = (A B) * GELU'(aux). That it differentiates the tanh form, as its forward applies, is
+      // what MlpGeluCuda.TheDgeluEpilogueComputesTheTanhFormsDerivative checks. It takes no bias
+      // vector (cublasLt.h names only the aux input for it). DGELU_BGRAD would also write a bias
+      // gradient through the bias pointer, but cublasLt.h does not say over which dimension it
+      // reduces, and it would come in C's dtype: the first layer's bias gradient is a column sum
+      // of dpre, in the parameter's dtype, as linear's is (GemmEpilogue::row_sums).
+      MT_INTERNAL_ASSERT(p.batch == 1 && !f64 && aux_ld % 8 == 0 && alignment_of(gelu_matrix.data_ptr()) >= 16,
+                         "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ") for ",
+                         describe_problem(p));
+      epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
+    case Epilogue::row_sums:
+      MT_INTERNAL_ASSERT(false, "matmul: row sums are a reduction beside the GEMM, not a cuBLASLt epilogue (",
+                         describe_problem(p), ")");
+      break;
+  }
+  const bool with_bias = bias.defined();
+  const bool with_aux = gelu_matrix.defined();
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   }
   if (with_bias) {
     // The bias vector goes through the bias attributes, in C's dtype.
-    const void* vector = p.bias.data_ptr();
+    const void* vector = bias.data_ptr();
     const cudaDataType_t vector_type = p.c.tensor.dtype() == DType::f32 ? CUDA_R_32F : type;
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
@@ -355,7 +368,7 @@ bool gemm_typed(const GemmProblem& p) {
                        static_cast<int64_t>(compute),
                        static_cast<int64_t>(c_type),
                        static_cast<int64_t>(epilogue),
-                       with_bias ? static_cast<int64_t>(alignment_of(p.bias.data_ptr())) : 0,
+                       with_bias ? static_cast<int64_t>(alignment_of(bias.data_ptr())) : 0,
                        with_aux ? static_cast<int64_t>(alignment_of(gelu_matrix.data_ptr())) : 0,
                        tuning_wanted ? 1 : 0};
   AlgoChoice choice{};

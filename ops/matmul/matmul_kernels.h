@@ -3,6 +3,7 @@
 //
 //   gemm(out, a, b, {.transpose_b = Transpose::yes, .beta = 1.0})
 //   out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i]    for i < batch
+//   gemm(out, a, b, {.epilogue = GemmEpilogue::bias_gelu(bias, pre)})  (see Epilogue)
 //
 // Every operand is a 3-D [batch, rows, cols] view with arbitrary strides; a
 // batch stride of 0 (raw::expand of a [1, R, C] tensor) reuses one matrix for
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -21,39 +23,86 @@ namespace mt::ops {
 
 enum class Transpose { no, yes };
 
+// What gemm() does with the product (alpha * op(a) @ op(b)) as it writes out: one epilogue,
+// chosen by name with the tensors it needs (GemmEpilogue's constructors), so that only these
+// combinations can be asked for. Every epilogue but none writes out without reading it (beta 0).
+enum class Epilogue {
+  none,           // out = product + beta * out
+  bias,           // out = product + bias
+  bias_gelu,      // pre = product + bias, out = gelu_tanh(pre)
+  gelu_backward,  // out = product * gelu_tanh'(pre)
+  row_sums,       // out = product, and the row sums of op(a) beside it
+};
+
+class GemmEpilogue {
+ public:
+  GemmEpilogue() = default;  // Epilogue::none
+
+  // bias [N] in out's dtype, added to every row of out (any batch). On CUDA it is cuBLASLt's
+  // bias epilogue, applied as the tile is stored: no extra pass over out.
+  static GemmEpilogue bias(Tensor bias) { return GemmEpilogue(Epilogue::bias, std::move(bias), Tensor(), Tensor()); }
+
+  // bias [N] as above; pre_activation [1, M, N] in out's dtype, contiguous (batch 1): out =
+  // gelu_tanh(product + bias) and pre_activation is written with product + bias, the GELU's
+  // input, which its backward reads. On CUDA in f16/bf16 it is cuBLASLt's GELU_AUX_BIAS
+  // epilogue: one GEMM writes both, with no separate pass for the GELU. Elsewhere (the CPU,
+  // f32, f64, a shape the epilogue cannot serve) the product and bias are written to
+  // pre_activation and out = gelu_tanh(pre_activation) by the element-wise loop: the same formula
+  // (fn::GeluTanh), so the two agree up to when the pre-activation is rounded (the epilogue
+  // applies the GELU to the f32 accumulator plus bias, the loop to the rounded pre-activation).
+  static GemmEpilogue bias_gelu(Tensor bias, Tensor pre_activation) {
+    return GemmEpilogue(Epilogue::bias_gelu, std::move(bias), std::move(pre_activation), Tensor());
+  }
+
+  // pre_activation [1, M, N] in out's dtype, contiguous (batch 1): out = product *
+  // gelu_tanh'(pre_activation), the GELU's backward with the pre-activation bias_gelu wrote as
+  // its input and the product as the gradient of its output. On CUDA in f16/bf16 it is
+  // cuBLASLt's DGELU epilogue, which reads pre_activation beside the tile it stores: the GEMM
+  // writes the pre-activation's gradient with no separate pass. Elsewhere (the CPU, f32, f64, a
+  // shape the epilogue cannot serve) out = fn::GeluTanhGrad(product, pre_activation) by the
+  // element-wise loop, in place, after the plain GEMM: the formula the GELU's own backward runs,
+  // so off the epilogue the two are the same computation (on it, the epilogue multiplies the
+  // f32 accumulator, not the product rounded to out's dtype).
+  static GemmEpilogue gelu_backward(Tensor pre_activation) {
+    return GemmEpilogue(Epilogue::gelu_backward, Tensor(), std::move(pre_activation), Tensor());
+  }
+
+  // a_row_sums [M] in out's dtype, contiguous (batch 1): written with the row sums of op(a), the
+  // sum over k of op(a)[i, k]. With op(a) = dy^T this is a linear layer's bias gradient beside
+  // its weight gradient; on CUDA a column reduction of dy (16-byte reads where dy's rows allow
+  // them), in f32 beside bf16/f16 dy (cuBLASLt's BGRADB epilogue does it as a separate kernel,
+  // well short of the memory bandwidth).
+  static GemmEpilogue row_sums(Tensor a_row_sums) {
+    return GemmEpilogue(Epilogue::row_sums, Tensor(), Tensor(), std::move(a_row_sums));
+  }
+
+  Epilogue kind() const { return kind_; }
+  const Tensor& bias_vector() const { return bias_; }     // bias, bias_gelu; else undefined
+  const Tensor& pre_activation() const { return pre_; }   // bias_gelu, gelu_backward; else undefined
+  const Tensor& a_row_sums() const { return row_sums_; }  // row_sums; else undefined
+
+ private:
+  GemmEpilogue(Epilogue kind, Tensor bias, Tensor pre, Tensor row_sums)
+      : kind_(kind), bias_(std::move(bias)), pre_(std::move(pre)), row_sums_(std::move(row_sums)) {
+    MT_INTERNAL_ASSERT((kind_ != Epilogue::bias && kind_ != Epilogue::bias_gelu) || bias_.defined(),
+                       "gemm: an epilogue with a bias needs a bias vector");
+    MT_INTERNAL_ASSERT((kind_ != Epilogue::bias_gelu && kind_ != Epilogue::gelu_backward) || pre_.defined(),
+                       "gemm: a GELU epilogue needs its pre-activation");
+    MT_INTERNAL_ASSERT(kind_ != Epilogue::row_sums || row_sums_.defined(), "gemm: the row sums need a target");
+  }
+
+  Epilogue kind_ = Epilogue::none;
+  Tensor bias_;      // [N]
+  Tensor pre_;       // [1, M, N]
+  Tensor row_sums_;  // [M]
+};
+
 struct GemmArgs {
   Transpose transpose_a = Transpose::no;  // op(a) = a^T: a is [batch, K, M]
   Transpose transpose_b = Transpose::no;  // op(b) = b^T: b is [batch, N, K]
   double alpha = 1.0;
-  double beta = 0.0;  // 0: out is written without being read (it may hold garbage)
-  // [N] in out's dtype, added to every row of out (beta must be 0). On CUDA it is
-  // cuBLASLt's bias epilogue, applied as the tile is stored: no extra pass over out.
-  Tensor bias;
-  // [M] in out's dtype, written with the row sums of op(a): sum over k of op(a)[i, k]
-  // (batch 1, beta 0, no bias). With op(a) = dy^T this is a linear layer's bias
-  // gradient beside its weight gradient; on CUDA a column reduction of dy (16-byte reads
-  // where dy's rows allow them), in f32 beside bf16/f16 dy (cuBLASLt's BGRADB epilogue does it
-  // as a separate kernel, well short of the memory bandwidth).
-  Tensor a_row_sums;
-  // [batch, M, N] in out's dtype, contiguous: when defined, out = gelu_tanh(product + bias)
-  // and this is written with product + bias, the GELU's input, which its backward reads
-  // (batch 1, beta 0, a bias, no row sums). On CUDA in f16/bf16 it is cuBLASLt's
-  // GELU_AUX_BIAS epilogue: one GEMM writes both, with no separate pass for the GELU.
-  // Elsewhere (the CPU, f32, f64, a shape the epilogue cannot serve) the product and bias
-  // are written here and out = gelu_tanh(this) by the element-wise loop: the same formula
-  // (fn::GeluTanh), so the two agree up to when the pre-activation is rounded (the epilogue
-  // applies the GELU to the f32 accumulator plus bias, the loop to the rounded pre-activation).
-  Tensor gelu_pre_activation;
-  // [1, M, N] in out's dtype, contiguous: when defined, out = product * gelu_tanh'(this), the
-  // GELU's backward with this as its input (the pre-activation gelu_pre_activation wrote) and
-  // the product as the gradient of its output (batch 1, beta 0, no bias, no row sums). On
-  // CUDA in f16/bf16 it is cuBLASLt's DGELU epilogue, which reads this matrix beside the tile
-  // it stores: the GEMM writes the pre-activation's gradient with no separate pass. Elsewhere
-  // (the CPU, f32, f64, a shape the epilogue cannot serve) out = fn::GeluTanhGrad(product,
-  // this) by the element-wise loop, in place, after the plain GEMM: the formula the GELU's own
-  // backward runs, so off the epilogue the two are the same computation (on it, the epilogue
-  // multiplies the f32 accumulator, not the product rounded to out's dtype).
-  Tensor gelu_backward_pre_activation;
+  double beta = 0.0;      // 0: out is written without being read (it may hold garbage)
+  GemmEpilogue epilogue;  // none unless asked for; any other needs beta 0
 };
 
 // out [batch, M, N]: row-major (unit stride along N; batch stride >= M * N unless batch == 1).
@@ -85,22 +134,20 @@ struct GemmProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   MatrixOperand a, b, c;
   double alpha = 1.0, beta = 0.0;
-  Tensor bias;  // CUDA only: [n], c's dtype, contiguous; undefined for none
-  // CUDA only, f16/bf16, batch 1, with a bias: [m, n] in c's dtype, row-major with ld = n,
-  // n a multiple of 8 and 16-byte aligned (cuBLASLt's rule for the GELU input matrix); c is
-  // then written with gelu_tanh(a b + bias) and this with a b + bias. Undefined for none.
-  Tensor gelu_pre_activation;
-  // CUDA only, f16/bf16, batch 1, no bias: [m, n] in c's dtype, laid out as
-  // gelu_pre_activation is (the GELU input matrix's rule again); c is then written with
-  // (a b) * gelu_tanh'(this). Undefined for none.
-  Tensor gelu_backward_pre_activation;
+  // What the kernel applies as it stores c: none (the CPU kernels apply nothing: gemm() does
+  // each epilogue's work around them), or on CUDA bias, bias_gelu or gelu_backward (never
+  // row_sums, a reduction gemm() runs beside the GEMM). The bias: [n], c's dtype, contiguous,
+  // 16-byte aligned. The GELU's pre-activation (bias_gelu writes it with a b + bias and c with
+  // gelu_tanh of that; gelu_backward reads it and writes c with (a b) * gelu_tanh'(it)): f16/bf16,
+  // batch 1, [m, n] in c's dtype, row-major with ld = n, n a multiple of 8 and 16-byte aligned
+  // (cuBLASLt's rule for the GELU input matrix).
+  GemmEpilogue epilogue;
 };
 
 void gemm_cpu(const GemmProblem& p);
-// Returns false, having written nothing, when an optional epilogue (gelu_pre_activation
-// or gelu_backward_pre_activation) was asked for and cuBLASLt has no
-// algorithm with it for this problem; gemm() then runs the plain GEMM and does the
-// epilogue's work itself.
+// Returns false, having written nothing, when a GELU epilogue (bias_gelu or gelu_backward)
+// was asked for and cuBLASLt has no algorithm with it for this problem; gemm() then runs the
+// plain GEMM and does the epilogue's work itself.
 bool gemm_cuda(const GemmProblem& p);
 
 }  // namespace mt::ops

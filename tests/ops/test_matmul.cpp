@@ -235,7 +235,7 @@ TEST(Gemm, GeluBackwardPreActivationMultipliesByTheDerivative) {
   const Tensor wide = full({1, 3, 7}, std::numeric_limits<double>::quiet_NaN(), DType::f64);
   const Tensor out = raw::narrow(wide, 2, 1, 5);  // row stride 7
   ops::GemmArgs args;
-  args.gelu_backward_pre_activation = pre;
+  args.epilogue = ops::GemmEpilogue::gelu_backward(pre);
   ops::gemm(out, a, b, args);
   expect_close(raw::contiguous(out).to_vector<double>(), want, 1e-14);
   EXPECT_TRUE(std::isnan(raw::narrow(wide, 2, 0, 1).to_vector<double>()[0]));  // nothing outside out
@@ -378,7 +378,7 @@ TEST(MatmulCuda, F64AndStridedOperandsMatchCpu) {
 }
 
 // A linear layer's bias gradient under bf16 autocast with f32 parameters: the column sums of
-// the bf16 dy, accumulated and kept in f32 (gemm's a_row_sums). 2048 rows of 768 and of 100
+// the bf16 dy, accumulated and kept in f32 (GemmEpilogue::row_sums). 2048 rows of 768 and of 100
 // columns: row groups and a second pass, packed and element-wise reads; 64 rows: one pass from
 // bf16 straight to f32. Against the f64 CPU sum of the same bf16 dy within 1e-5 relative: f32
 // accumulation, no bf16 rounding of the sum.

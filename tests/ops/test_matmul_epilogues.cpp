@@ -296,8 +296,7 @@ TEST(LinearGeluCuda, EveryPathWritesThePreActivationAndItsGelu) {
     ASSERT_EQ(reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 != 0, path.misaligned);
     ops::GemmArgs args;
     args.transpose_b = ops::Transpose::yes;
-    args.bias = raw::to(b, gpu);
-    args.gelu_pre_activation = pre;
+    args.epilogue = ops::GemmEpilogue::bias_gelu(raw::to(b, gpu), pre);
     ops::gemm(out, raw::to(x, gpu), raw::to(w, gpu), args);
     // The reference from the same rounded inputs, in f64.
     const Tensor want_pre =
@@ -386,10 +385,9 @@ TEST(LinearGeluCuda, TheEpilogueComputesTheTanhFormOfGelu) {
   const TensorOptions f32 = TensorOptions().dtype(DType::f32).device(cuda_device(0));
   const Tensor x = spread_gelu_inputs(m, n);
   ops::GemmProblem p = dense_problem(empty({1, m, n}, f32), x, identity_f32(n));
-  p.bias = zeros({n}, f32);
-  p.gelu_pre_activation = empty({1, m, n}, f32);
+  p.epilogue = ops::GemmEpilogue::bias_gelu(zeros({n}, f32), empty({1, m, n}, f32));
   if (!ops::gemm_cuda(p)) GTEST_SKIP() << "cuBLASLt has no f32 GELU_AUX_BIAS algorithm for this problem";
-  const std::vector<double> pre = p.gelu_pre_activation.to_vector<double>(), x32 = x.to_vector<double>();
+  const std::vector<double> pre = p.epilogue.pre_activation().to_vector<double>(), x32 = x.to_vector<double>();
   EXPECT_EQ(pre, x32);  // x I + 0, exactly
   const FormErrors e =
       form_errors("gelu epilogue", p.c.tensor.to_vector<double>(), x32, gelu_tanh_value, gelu_erf_value);
@@ -435,7 +433,7 @@ TEST(MlpGeluCuda, EveryPathMultipliesTheProductByTheGeluDerivative) {
     const Tensor dy_gpu = raw::to(dy, gpu), w_gpu = raw::to(w, gpu);
     const Tensor out = empty({1, m, n}, options);
     ops::GemmArgs args;
-    args.gelu_backward_pre_activation = pre;
+    args.epilogue = ops::GemmEpilogue::gelu_backward(pre);
     ops::gemm(out, dy_gpu, w_gpu, args);
     // The reference from the same rounded inputs, in f64.
     const std::vector<double> product = naive_matmul(raw::to(dy, DType::f64), raw::to(w, DType::f64)),
@@ -447,7 +445,7 @@ TEST(MlpGeluCuda, EveryPathMultipliesTheProductByTheGeluDerivative) {
 #if MT_WITH_CUDA
     if (path.epilogue) {
       ops::GemmProblem p = dense_problem(empty({1, m, n}, options), dy_gpu, w_gpu);
-      p.gelu_backward_pre_activation = pre;
+      p.epilogue = ops::GemmEpilogue::gelu_backward(pre);
       EXPECT_TRUE(ops::gemm_cuda(p)) << "cuBLASLt has no DGELU algorithm for this problem: gemm() ran the second pass";
       expect_close(p.c.tensor.to_vector<double>(), want, tol);
     }
@@ -468,7 +466,7 @@ TEST(MlpGeluCuda, TheDgeluEpilogueComputesTheTanhFormsDerivative) {
   const TensorOptions f32 = TensorOptions().dtype(DType::f32).device(cuda_device(0));
   const Tensor x = spread_gelu_inputs(m, n);
   ops::GemmProblem p = dense_problem(empty({1, m, n}, f32), full({1, m, n}, 1.0, f32), identity_f32(n));
-  p.gelu_backward_pre_activation = x;
+  p.epilogue = ops::GemmEpilogue::gelu_backward(x);
   const std::vector<double> x32 = x.to_vector<double>();
   if (!ops::gemm_cuda(p)) GTEST_SKIP() << "cuBLASLt has no f32 DGELU algorithm for this problem";
   EXPECT_EQ(x.to_vector<double>(), x32);  // the aux matrix is read, not written
