@@ -2,10 +2,13 @@
 // same pattern, forward and backward side by side in its family's file:
 //
 //   Tensor mul(const Tensor& a, const Tensor& b) {
-//     Tensor out = mul_forward(a, b);                       // no recording inside
+//     Tensor out = mul_forward(a, b);                         // no recording inside
 //     if (autograd::needs_grad({a, b})) {
-//       auto node = std::make_shared<MulBackward>();
-//       if (node_needs(b)) node->a = SavedTensor(a);          // save only what is used
+//       auto node = std::make_shared<LambdaNode>("MulBackward", [](const auto& g, const LambdaNode& self) {
+//         return std::vector<Tensor>{mul(g[0], self.saved_tensor("b")), mul(g[0], self.saved_tensor("a"))};
+//       });
+//       if (autograd::requires_grad(a)) node->save("b", b);  // save only what is used
+//       if (autograd::requires_grad(b)) node->save("a", a);
 //       autograd::record(node, {a, b}, {out});
 //     }
 //     return out;
@@ -14,6 +17,8 @@
 
 #include <initializer_list>
 #include <memory>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "autograd/grad_mode.h"
@@ -50,13 +55,25 @@ class LambdaNode : public Node {
   std::vector<Tensor> apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) override;
   void release_saved() override;
 
-  std::vector<SavedTensor> saved;  // what fn reads; freed after backward
-  Tensor unpack(size_t i) const { return saved.at(i).unpack(*this); }
+  // Saves t for the backward under `name`, which must outlive the node (a string literal)
+  // and be new to it. An undefined t saves nothing: the forward passes one for a tensor that
+  // only gradients nobody asked for would read.
+  void save(std::string_view name, const Tensor& t);
+  // The tensor saved under `name`. Throws, naming this node and `name`, when nothing was saved
+  // under it, when it was modified in place since, or when a backward has already freed it.
+  Tensor saved_tensor(std::string_view name) const;
+  // The same, but an undefined tensor when nothing was saved under `name` (a tensor saved only
+  // for some of the gradients).
+  Tensor saved_tensor_or_none(std::string_view name) const;
 
  private:
+  const SavedTensor* find_saved(std::string_view name) const;
+
   std::string name_;
   Fn fn_;
   AddingFn adding_fn_;
+  // What fn reads, freed after backward; a few entries, searched in order.
+  std::vector<std::pair<std::string_view, SavedTensor>> saved_;
 };
 
 }  // namespace mt::autograd

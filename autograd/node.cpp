@@ -173,7 +173,35 @@ std::vector<Tensor> LambdaNode::apply_adding(std::vector<Tensor>&& grad_outputs,
 }
 
 void LambdaNode::release_saved() {
-  for (SavedTensor& s : saved) s.reset();
+  for (auto& entry : saved_) entry.second.reset();
+}
+
+void LambdaNode::save(std::string_view name, const Tensor& t) {
+  MT_INTERNAL_ASSERT(find_saved(name) == nullptr, "autograd: ", name_, " saves two tensors named '", name, "'");
+  if (t.defined()) saved_.emplace_back(name, SavedTensor(t));
+}
+
+const SavedTensor* LambdaNode::find_saved(std::string_view name) const {
+  for (const auto& entry : saved_) {
+    if (entry.first == name) return &entry.second;
+  }
+  return nullptr;
+}
+
+Tensor LambdaNode::saved_tensor(std::string_view name) const {
+  const SavedTensor* saved = find_saved(name);
+  if (saved == nullptr) {
+    std::string names;
+    for (const auto& entry : saved_) names += detail::str_cat(names.empty() ? "" : ", ", entry.first);
+    MT_CHECK(false, "backward: ", name_, " reads the saved tensor '", name, "', which its forward did not save (",
+             names.empty() ? std::string("it saved none") : "it saved " + names, ")");
+  }
+  return saved->unpack(*this);
+}
+
+Tensor LambdaNode::saved_tensor_or_none(std::string_view name) const {
+  const SavedTensor* saved = find_saved(name);
+  return saved == nullptr ? Tensor() : saved->unpack(*this);
 }
 
 }  // namespace mt::autograd

@@ -74,12 +74,16 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
     auto node = std::make_shared<autograd::LambdaNode>(
         "ScaledDotProductAttentionBackward(cuDNN)",
         [problem](const std::vector<Tensor>& grads, const autograd::LambdaNode& self) {
-          const auto g = ops::cudnn_sdpa_backward(self.unpack(0), self.unpack(1), self.unpack(2), self.unpack(3),
-                                                  grads[0], self.unpack(4), problem);
+          const auto g =
+              ops::cudnn_sdpa_backward(self.saved_tensor("q"), self.saved_tensor("k"), self.saved_tensor("v"),
+                                       self.saved_tensor("out"), grads[0], self.saved_tensor("stats"), problem);
           return std::vector<Tensor>{g[0], g[1], g[2]};
         });
-    node->saved = {autograd::SavedTensor(q), autograd::SavedTensor(k), autograd::SavedTensor(v),
-                   autograd::SavedTensor(forward.out), autograd::SavedTensor(forward.stats)};
+    node->save("q", q);
+    node->save("k", k);
+    node->save("v", v);
+    node->save("out", forward.out);
+    node->save("stats", forward.stats);
     autograd::record(node, {q, k, v}, {forward.out});
   }
   return forward.out;

@@ -16,7 +16,6 @@
 namespace mt {
 
 using autograd::LambdaNode;
-using autograd::SavedTensor;
 using ops::Conv2dGeometry;
 using ops::Pool2dGeometry;
 using ops::PoolKind;
@@ -206,12 +205,12 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     auto node =
         std::make_shared<LambdaNode>("Conv2dBackward", [g](const std::vector<Tensor>& grads, const LambdaNode& self) {
           return std::vector<Tensor>{
-              self.needs_input_grad(0) ? conv_backward_input(grads[0], self.unpack(1), g) : Tensor(),
-              self.needs_input_grad(1) ? conv_backward_weight(grads[0], self.unpack(0), g) : Tensor()};
+              self.needs_input_grad(0) ? conv_backward_input(grads[0], self.saved_tensor("weight"), g) : Tensor(),
+              self.needs_input_grad(1) ? conv_backward_weight(grads[0], self.saved_tensor("x"), g) : Tensor()};
         });
     // dx needs the weight and dw needs x: each is saved only when the other's gradient is wanted.
-    node->saved.emplace_back(autograd::requires_grad(weight) ? SavedTensor(x) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
+    if (autograd::requires_grad(weight)) node->save("x", x);
+    if (autograd::requires_grad(x)) node->save("weight", weight);
     autograd::record(node, {x, weight}, {out});
   }
   // The bias goes through the element-wise add, broadcast over N, OH and OW; its
@@ -245,21 +244,21 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
           if (dy.numel() == 0) return std::vector<Tensor>{dx.zero_()};
           if (dx.is_cuda()) {
 #if MT_WITH_CUDA
-            ops::pool2d_backward_cuda(dx, dy, raw::contiguous(self.unpack(1)), raw::contiguous(self.unpack(0)),
-                                      PoolKind::max, g);
+            ops::pool2d_backward_cuda(dx, dy, raw::contiguous(self.saved_tensor("y")),
+                                      raw::contiguous(self.saved_tensor("x")), PoolKind::max, g);
 #else
             ops::throw_no_cuda("max_pool2d");
 #endif
           } else {
-            ops::max_pool2d_backward_cpu(dx, dy, self.unpack(0), g);
+            ops::max_pool2d_backward_cpu(dx, dy, self.saved_tensor("indices"), g);
           }
           return std::vector<Tensor>{dx};
         });
     if (x.is_cuda()) {
-      node->saved.emplace_back(x);
-      node->saved.emplace_back(y.detach());
+      node->save("x", x);
+      node->save("y", y.detach());
     } else {
-      node->saved.emplace_back(indices);
+      node->save("indices", indices);
     }
     autograd::record(node, {x}, {y});
   }

@@ -13,7 +13,6 @@
 namespace mt {
 
 using autograd::LambdaNode;
-using autograd::SavedTensor;
 
 namespace {
 
@@ -61,11 +60,12 @@ Tensor unary_op(const char* name, const Tensor& input, Fwd fwd, Grad grad_fn, Sa
   const Tensor x = autocast::cast_input(name, input);  // exp, log, pow, rsqrt run in f32 under autocast
   Tensor out = map_unary(name, x, fwd);
   if (autograd::needs_grad({x})) {
+    const char* saved = which == Saved::input ? "x" : "y";
     auto node = std::make_shared<LambdaNode>(
-        std::string(name) + "Backward", [name, grad_fn](const std::vector<Tensor>& g, const LambdaNode& self) {
-          return std::vector<Tensor>{map_grad(name, g[0], self.unpack(0), grad_fn)};
+        std::string(name) + "Backward", [name, grad_fn, saved](const std::vector<Tensor>& g, const LambdaNode& self) {
+          return std::vector<Tensor>{map_grad(name, g[0], self.saved_tensor(saved), grad_fn)};
         });
-    node->saved.emplace_back(which == Saved::input ? x : out.detach());
+    node->save(saved, which == Saved::input ? x : out.detach());
     autograd::record(node, {x}, {out});
   }
   return out;
@@ -115,12 +115,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (autograd::needs_grad({a, b})) {
     auto node = std::make_shared<LambdaNode>("MulBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {
       // d(ab)/da = b, d(ab)/db = a: each input is saved only if the other needs a gradient.
-      return reduce_to_inputs(self, self.needs_input_grad(0) ? mul(g[0], self.unpack(1)) : Tensor(),
-                              self.needs_input_grad(1) ? mul(g[0], self.unpack(0)) : Tensor());
+      return reduce_to_inputs(self, self.needs_input_grad(0) ? mul(g[0], self.saved_tensor("b")) : Tensor(),
+                              self.needs_input_grad(1) ? mul(g[0], self.saved_tensor("a")) : Tensor());
     });
-    const bool need_a = autograd::requires_grad(a), need_b = autograd::requires_grad(b);
-    node->saved.emplace_back(need_b ? SavedTensor(a) : SavedTensor());
-    node->saved.emplace_back(need_a ? SavedTensor(b) : SavedTensor());
+    if (autograd::requires_grad(b)) node->save("a", a);
+    if (autograd::requires_grad(a)) node->save("b", b);
     autograd::record(node, {a, b}, {out});
   }
   return out;
@@ -130,18 +129,18 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("div", a, b, fn::Div{});
   if (autograd::needs_grad({a, b})) {
     auto node = std::make_shared<LambdaNode>("DivBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {
-      const Tensor b = self.unpack(1);
+      const Tensor b = self.saved_tensor("b");
       Tensor gb;
       if (self.needs_input_grad(1)) {
-        const Tensor a = self.unpack(0);
+        const Tensor a = self.saved_tensor("a");
         gb = empty(g[0].shape(), ops::options_of(g[0]));
         ops::run_ternary(gb, g[0], raw::expand(ops::as_dtype(a, g[0].dtype()), g[0].shape()),
                          raw::expand(ops::as_dtype(b, g[0].dtype()), g[0].shape()), "div", fn::DivGradY{});
       }
       return reduce_to_inputs(self, self.needs_input_grad(0) ? div(g[0], b) : Tensor(), gb);
     });
-    node->saved.emplace_back(autograd::requires_grad(b) ? SavedTensor(a) : SavedTensor());
-    node->saved.emplace_back(b);
+    if (autograd::requires_grad(b)) node->save("a", a);
+    node->save("b", b);
     autograd::record(node, {a, b}, {out});
   }
   return out;

@@ -73,9 +73,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
     auto node = std::make_shared<LambdaNode>(
         "EmbeddingBackward",
         LambdaNode::AddingFn([](const std::vector<Tensor>& g, const std::vector<Tensor>& sums, const LambdaNode& self) {
-          return std::vector<Tensor>{embedding_backward(g[0], self.unpack(0), self.input_meta[0], sums[0])};
+          return std::vector<Tensor>{embedding_backward(g[0], self.saved_tensor("ids"), self.input_meta[0], sums[0])};
         }));
-    node->saved.emplace_back(flat_ids);  // ids only: the weight's values are not needed
+    node->save("ids", flat_ids);  // ids only: the weight's values are not needed
     autograd::record(node, {weight}, {out});
   }
   return out;

@@ -18,7 +18,6 @@
 namespace mt {
 
 using autograd::LambdaNode;
-using autograd::SavedTensor;
 
 namespace {
 
@@ -121,8 +120,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
     auto node = std::make_shared<LambdaNode>("CrossEntropyBackward", [layout, ignore_index, reduction](
                                                                          const std::vector<Tensor>& g,
                                                                          const LambdaNode& self) {
-      const Tensor x = self.unpack(0), t = self.unpack(1), lse = self.unpack(2);
-      const Tensor count = reduction == Reduction::mean ? self.unpack(3) : Tensor();
+      const Tensor x = self.saved_tensor("logits"), t = self.saved_tensor("target"), lse = self.saved_tensor("lse");
+      const Tensor count = reduction == Reduction::mean ? self.saved_tensor("count") : Tensor();
       // [rows] for none, [] otherwise; in the loss dtype.
       const Tensor grad = raw::contiguous(
           raw::reshape(ops::as_dtype(g[0], lse.dtype()), reduction == Reduction::none ? Shape{layout.rows} : Shape{}));
@@ -138,10 +137,10 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
       }
       return std::vector<Tensor>{raw::contiguous(raw::permute(raw::view(dx, layout.permuted_shape), layout.inverse))};
     });
-    node->saved.emplace_back(x);
-    node->saved.emplace_back(t);
-    node->saved.emplace_back(lse);
-    if (reduction == Reduction::mean) node->saved.emplace_back(count);
+    node->save("logits", x);
+    node->save("target", t);
+    node->save("lse", lse);
+    if (reduction == Reduction::mean) node->save("count", count);
     autograd::record(node, {logits}, {out});
   }
   return out;
@@ -302,15 +301,19 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     auto node = std::make_shared<LambdaNode>(
         "LinearCrossEntropyBackward",
         [reduction, x_dtype, w_dtype](const std::vector<Tensor>& g, const LambdaNode& self) {
-          const Tensor count = self.unpack(2);
+          const Tensor count = self.saved_tensor("count");
           Tensor gx, gw;
-          if (self.needs_input_grad(0)) gx = scale_unit_grad(self.unpack(0), x_dtype, g[0], count, reduction);
-          if (self.needs_input_grad(1)) gw = scale_unit_grad(self.unpack(1), w_dtype, g[0], count, reduction);
+          if (self.needs_input_grad(0)) {
+            gx = scale_unit_grad(self.saved_tensor("dx_unit"), x_dtype, g[0], count, reduction);
+          }
+          if (self.needs_input_grad(1)) {
+            gw = scale_unit_grad(self.saved_tensor("dw_unit"), w_dtype, g[0], count, reduction);
+          }
           return std::vector<Tensor>{gx, gw};
         });
-    node->saved.emplace_back(head.dx_unit.defined() ? SavedTensor(head.dx_unit) : SavedTensor());
-    node->saved.emplace_back(head.dw_unit.defined() ? SavedTensor(head.dw_unit) : SavedTensor());
-    node->saved.emplace_back(count);
+    node->save("dx_unit", head.dx_unit);  // each defined only when its gradient is wanted
+    node->save("dw_unit", head.dw_unit);
+    node->save("count", count);
     autograd::record(node, {x_rec, w_rec}, {out});
   }
   return out;

@@ -266,7 +266,6 @@ void gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmA
 }  // namespace ops
 
 using autograd::LambdaNode;
-using autograd::SavedTensor;
 using ops::GemmArgs;
 using ops::GemmEpilogue;
 using ops::Transpose;
@@ -370,12 +369,12 @@ Tensor matmul_recorded(const char* node_name, const Tensor& a, const Tensor& b) 
       Tensor ga, gb;
       if (self.needs_input_grad(0)) {
         // dA = dC B^T, summed over the batch dims A was broadcast along.
-        const Tensor bb = as_2d(ops::as_dtype(self.unpack(1), dtype), b_vec, 1);
+        const Tensor bb = as_2d(ops::as_dtype(self.saved_tensor("b"), dtype), b_vec, 1);
         ga = sum_to(product(g2, Transpose::no, bb, Transpose::yes), a2_shape).reshape(self.input_meta[0].shape);
       }
       if (self.needs_input_grad(1)) {
         // dB = A^T dC. A batch of A against a 2-D B folds the batch into K: one GEMM, no sum.
-        const Tensor aa = as_2d(ops::as_dtype(self.unpack(0), dtype), a_vec, 0);
+        const Tensor aa = as_2d(ops::as_dtype(self.saved_tensor("a"), dtype), a_vec, 0);
         Tensor full;
         if (b2_shape.size() == 2 && a2_shape.size() > 2) {
           const int64_t rows = shape_numel(Shape(a2_shape.begin(), a2_shape.end() - 1));
@@ -389,8 +388,8 @@ Tensor matmul_recorded(const char* node_name, const Tensor& a, const Tensor& b) 
       return std::vector<Tensor>{ga, gb};
     });
     // Each input is saved only if the other one needs a gradient.
-    node->saved.emplace_back(autograd::requires_grad(b) ? SavedTensor(a) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(a) ? SavedTensor(b) : SavedTensor());
+    if (autograd::requires_grad(b)) node->save("a", a);
+    if (autograd::requires_grad(a)) node->save("b", b);
     autograd::record(node, {a, b}, {out});
   }
   return out;
@@ -536,9 +535,6 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x_saved, const Tenso
 // The leading dims of x, flattened: the rows of a linear layer's GEMMs.
 int64_t leading_rows(const Tensor& x) { return shape_numel(Shape(x.shape().begin(), x.shape().end() - 1)); }
 
-// A node's saved tensor i, or undefined when it was not saved (not needed).
-Tensor saved_or_none(const LambdaNode& node, size_t i) { return node.saved[i].defined() ? node.unpack(i) : Tensor(); }
-
 // A linear layer's operands. Under autocast x is cast as any op's input is (a Cast node
 // brings its gradient back in its own dtype), while the parameters' low-precision copies
 // record nothing: the node records the parameters themselves and its backward writes their
@@ -555,19 +551,19 @@ LinearOperands linear_operands(const char* op, const Tensor& x, const Tensor& we
   return LinearOperands{autocast::cast_input(op, x), weight, bias, copies[0], copies[1]};
 }
 
-// What a node with inputs (x, weight, bias) saves first for linear's gradients: x is
-// read only for dW, W (its copy) only for dx (saved slots 0 and 1, empty when not needed).
+// What a node with inputs (x, weight, bias) saves for linear's gradients: x is read only
+// for dW, W (its copy) only for dx; each is saved only when that gradient is wanted.
 void save_linear_inputs(LambdaNode& node, const LinearOperands& o) {
-  node.saved.emplace_back(autograd::requires_grad(o.weight) ? SavedTensor(o.x) : SavedTensor());
-  node.saved.emplace_back(autograd::requires_grad(o.x) ? SavedTensor(o.w) : SavedTensor());
+  if (autograd::requires_grad(o.weight)) node.save("x", o.x);
+  if (autograd::requires_grad(o.x)) node.save("weight", o.w);
 }
 
 // The gradients of (x, weight, bias) from dy [P, out], for a node that saved its inputs
 // with save_linear_inputs: LinearBackward's body, and LinearGeluBackward's after the GELU.
 std::vector<Tensor> linear_input_grads(const Tensor& dy, const LambdaNode& self, int64_t in) {
-  LinearGrads grads = linear_backward(dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0),
-                                      self.needs_input_grad(1), self.needs_input_grad(2), in, self.input_meta[1].dtype,
-                                      self.input_meta[2].dtype);
+  LinearGrads grads = linear_backward(dy, self.saved_tensor_or_none("x"), self.saved_tensor_or_none("weight"),
+                                      self.needs_input_grad(0), self.needs_input_grad(1), self.needs_input_grad(2), in,
+                                      self.input_meta[1].dtype, self.input_meta[2].dtype);
   if (grads.x.defined()) grads.x = grads.x.reshape(self.input_meta[0].shape);
   return {grads.x, grads.weight, grads.bias};
 }
@@ -622,16 +618,16 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
   const Tensor pre = linear_gelu_forward(out, o, dtype, p);  // x W^T + b, the GELU's input
 
   if (autograd::needs_grad({o.x, o.weight, o.bias})) {
-    auto node = std::make_shared<LambdaNode>(
-        "LinearGeluBackward", [p, in, out_features](const std::vector<Tensor>& g, const LambdaNode& self) {
-          // dpre = dh * gelu_tanh'(pre) in one element-wise pass, then linear's gradients with dpre as dy.
-          const Tensor dh = raw::reshape(g[0], {p, out_features});  // [P, out]
-          const Tensor dpre = empty(dh.shape(), ops::options_of(dh));
-          ops::run_binary(dpre, dh, ops::as_dtype(self.unpack(2), dh.dtype()), "linear_gelu", fn::GeluTanhGrad{});
-          return linear_input_grads(dpre, self, in);
-        });
+    auto node = std::make_shared<LambdaNode>("LinearGeluBackward", [p, in, out_features](const std::vector<Tensor>& g,
+                                                                                         const LambdaNode& self) {
+      // dpre = dh * gelu_tanh'(pre) in one element-wise pass, then linear's gradients with dpre as dy.
+      const Tensor dh = raw::reshape(g[0], {p, out_features});  // [P, out]
+      const Tensor dpre = empty(dh.shape(), ops::options_of(dh));
+      ops::run_binary(dpre, dh, ops::as_dtype(self.saved_tensor("pre"), dh.dtype()), "linear_gelu", fn::GeluTanhGrad{});
+      return linear_input_grads(dpre, self, in);
+    });
     save_linear_inputs(*node, o);
-    node->saved.emplace_back(pre);  // every gradient goes through the GELU's derivative at pre
+    node->save("pre", pre);  // every gradient goes through the GELU's derivative at pre
     autograd::record(node, {o.x, o.weight, o.bias}, {out});
   }
   return out;
@@ -668,7 +664,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
           const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
           // The second layer: dW2 = dy^T h with db2 beside it; its input gradient is the next step.
           const LinearGrads second_grads =
-              linear_backward(dy, saved_or_none(self, 2), Tensor(), /*want_x=*/false, self.needs_input_grad(3),
+              linear_backward(dy, self.saved_tensor_or_none("h"), Tensor(), /*want_x=*/false, self.needs_input_grad(3),
                               self.needs_input_grad(4), hidden, self.input_meta[3].dtype, self.input_meta[4].dtype);
           std::vector<Tensor> grads = {Tensor(), Tensor(), Tensor(), second_grads.weight, second_grads.bias};
           if (self.needs_input_grad(0) || self.needs_input_grad(1) || self.needs_input_grad(2)) {
@@ -677,9 +673,10 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
             const DType dtype = dy.dtype();
             const Tensor dpre = empty({p, hidden}, ops::options_of(dy));
             GemmArgs args;
-            args.epilogue = GemmEpilogue::gelu_backward(raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0));
+            args.epilogue =
+                GemmEpilogue::gelu_backward(raw::unsqueeze(ops::as_dtype(self.saved_tensor("pre"), dtype), 0));
             ops::gemm(raw::unsqueeze(dpre, 0), raw::unsqueeze(dy, 0),
-                      raw::unsqueeze(ops::as_dtype(self.unpack(3), dtype), 0), args);
+                      raw::unsqueeze(ops::as_dtype(self.saved_tensor("w2"), dtype), 0), args);
             const std::vector<Tensor> first_grads = linear_input_grads(dpre, self, in);
             std::copy(first_grads.begin(), first_grads.end(), grads.begin());
           }
@@ -690,9 +687,11 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
     save_linear_inputs(*node, o);
     const bool first_layer_grads =
         autograd::requires_grad(o.x) || autograd::requires_grad(w1_in) || autograd::requires_grad(b1_in);
-    node->saved.emplace_back(autograd::requires_grad(w2_in) ? SavedTensor(h) : SavedTensor());
-    node->saved.emplace_back(first_layer_grads ? SavedTensor(w2) : SavedTensor());
-    node->saved.emplace_back(first_layer_grads ? SavedTensor(pre) : SavedTensor());
+    if (autograd::requires_grad(w2_in)) node->save("h", h);
+    if (first_layer_grads) {
+      node->save("w2", w2);
+      node->save("pre", pre);
+    }
     autograd::record(node, inputs, {out});
   }
   return out;
@@ -742,9 +741,10 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
           const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
           const DType dtype = dy.dtype();
           const TensorOptions options = ops::options_of(dy);
-          LinearGrads base = linear_backward(
-              dy, saved_or_none(self, 0), saved_or_none(self, 1), self.needs_input_grad(0), self.needs_input_grad(2),
-              self.needs_input_grad(3), in, self.input_meta[2].dtype, self.input_meta[3].dtype);
+          LinearGrads base =
+              linear_backward(dy, self.saved_tensor_or_none("x"), self.saved_tensor_or_none("weight"),
+                              self.needs_input_grad(0), self.needs_input_grad(2), self.needs_input_grad(3), in,
+                              self.input_meta[2].dtype, self.input_meta[3].dtype);
           Tensor gh, ga, gb;
           if (self.needs_input_grad(5)) {  // dB [out, r] = scale dy^T t
             gb = empty({out_features, r}, options.dtype(gradient_dtype(dtype, self.input_meta[5].dtype)));
@@ -752,7 +752,7 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
             args.transpose_a = Transpose::yes;
             args.alpha = scale;
             ops::gemm(raw::unsqueeze(gb, 0), raw::unsqueeze(dy, 0),
-                      raw::unsqueeze(ops::as_dtype(self.unpack(2), dtype), 0), args);
+                      raw::unsqueeze(ops::as_dtype(self.saved_tensor("t"), dtype), 0), args);
           }
           if (self.needs_input_grad(1) || self.needs_input_grad(4)) {
             // dt [P, r] = scale dy B
@@ -760,16 +760,17 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
             GemmArgs args;
             args.alpha = scale;
             ops::gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0),
-                      raw::unsqueeze(ops::as_dtype(self.unpack(4), dtype), 0), args);
+                      raw::unsqueeze(ops::as_dtype(self.saved_tensor("lora_b"), dtype), 0), args);
             if (self.needs_input_grad(4)) {  // dA [r, in] = dt^T h
               ga = empty({r, in}, options.dtype(gradient_dtype(dtype, self.input_meta[4].dtype)));
               GemmArgs dt_transposed;
               dt_transposed.transpose_a = Transpose::yes;
               ops::gemm(raw::unsqueeze(ga, 0), raw::unsqueeze(dt, 0),
-                        raw::unsqueeze(raw::reshape(ops::as_dtype(self.unpack(3), dtype), {p, in}), 0), dt_transposed);
+                        raw::unsqueeze(raw::reshape(ops::as_dtype(self.saved_tensor("h"), dtype), {p, in}), 0),
+                        dt_transposed);
             }
             if (self.needs_input_grad(1)) {  // dh [P, in] = dt A
-              gh = product(dt, Transpose::no, ops::as_dtype(self.unpack(5), dtype), Transpose::no)
+              gh = product(dt, Transpose::no, ops::as_dtype(self.saved_tensor("lora_a"), dtype), Transpose::no)
                        .reshape(self.input_meta[1].shape);
             }
           }
@@ -778,12 +779,12 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
         });
     // Saved: x (dW), W (dx), t (dB), h (dA), B (dt), A (dh).
     const bool need_dt = autograd::requires_grad(h) || autograd::requires_grad(a_in);
-    node->saved.emplace_back(autograd::requires_grad(weight_in) ? SavedTensor(x) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(x) ? SavedTensor(weight) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(b_in) ? SavedTensor(t) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(a_in) ? SavedTensor(h) : SavedTensor());
-    node->saved.emplace_back(need_dt ? SavedTensor(lora_b) : SavedTensor());
-    node->saved.emplace_back(autograd::requires_grad(h) ? SavedTensor(lora_a) : SavedTensor());
+    if (autograd::requires_grad(weight_in)) node->save("x", x);
+    if (autograd::requires_grad(x)) node->save("weight", weight);
+    if (autograd::requires_grad(b_in)) node->save("t", t);
+    if (autograd::requires_grad(a_in)) node->save("h", h);
+    if (need_dt) node->save("lora_b", lora_b);
+    if (autograd::requires_grad(h)) node->save("lora_a", lora_a);
     autograd::record(node, inputs, {out});
   }
   return out;

@@ -15,7 +15,6 @@
 namespace mt {
 
 using autograd::LambdaNode;
-using autograd::SavedTensor;
 using ops::NormKind;
 
 namespace {
@@ -149,8 +148,8 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
                : (kind == NormKind::layer ? "LayerNormBackward" : "RmsNormBackward"),
       [kind, op, rows, cols, residual, params](const std::vector<Tensor>& g, const LambdaNode& self) {
         const cuda::DependentLaunchScope dependent_launch;  // as in the forward
-        auto saved = [&](size_t i) { return self.saved[i].defined() ? self.unpack(i) : Tensor(); };
-        const NormSaved kept{saved(0), saved(1), saved(2), saved(3)};
+        const NormSaved kept{self.saved_tensor_or_none("x"), self.saved_tensor_or_none("rstd"),
+                             self.saved_tensor_or_none("mean"), self.saved_tensor_or_none("weight")};
         const DType x_dtype = self.input_meta[0].dtype;
         const TensorOptions options = ops::options_of(g[0]).dtype(x_dtype);
         const Tensor& gy = g.back();  // y's gradient (the outputs are [sum,] y)
@@ -187,10 +186,12 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
   // the weight serves dx alone.
   const bool want_x = autograd::requires_grad(x) || (residual && autograd::requires_grad(delta));
   const bool need_input = want_x || autograd::requires_grad(weight);
-  node->saved.emplace_back(need_input ? SavedTensor(residual ? add.sum : xr) : SavedTensor());
-  node->saved.emplace_back(need_input ? SavedTensor(rstd) : SavedTensor());
-  node->saved.emplace_back(need_input ? SavedTensor(mean) : SavedTensor());
-  node->saved.emplace_back(want_x ? SavedTensor(w) : SavedTensor());
+  if (need_input) {
+    node->save("x", residual ? add.sum : xr);
+    node->save("rstd", rstd);
+    node->save("mean", mean);  // undefined (nothing saved) for RMS norm
+  }
+  if (want_x) node->save("weight", w);
   std::vector<Tensor> recorded_outputs;
   if (residual) recorded_outputs.push_back(outputs.sum);
   recorded_outputs.push_back(outputs.y);

@@ -116,16 +116,16 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   if (autograd::needs_grad({x})) {
     auto node = std::make_shared<LambdaNode>("MaxBackward", [reduced](const std::vector<Tensor>& g,
                                                                       const LambdaNode& self) {
-      const Tensor x = self.unpack(0);
-      const Tensor best = expand_back(self.unpack(1), x.shape(), reduced);
+      const Tensor x = self.saved_tensor("x");
+      const Tensor best = expand_back(self.saved_tensor("max"), x.shape(), reduced);
       Tensor mask = empty(x.shape(), ops::options_of(x));
       ops::run_binary(mask, x, best, "max", ops::EqualMask{});
       // Ties share the gradient equally.
       const Tensor ties = reduce("max", mask, reduced, /*keepdim=*/true, ops::ReduceKind::sum);
       return std::vector<Tensor>{div(mul(mask, expand_back(g[0], x.shape(), reduced)), raw::expand(ties, x.shape()))};
     });
-    node->saved.emplace_back(x);
-    node->saved.emplace_back(out.detach());
+    node->save("x", x);
+    node->save("max", out.detach());
     autograd::record(node, {x}, {out});
   }
   return out;

@@ -104,13 +104,13 @@ Tensor softmax_op(SoftmaxKind kind, const Tensor& input, int64_t dim) {
     auto node = std::make_shared<LambdaNode>(
         kind == SoftmaxKind::softmax ? "SoftmaxBackward" : "LogSoftmaxBackward",
         [kind, layout](const std::vector<Tensor>& g, const LambdaNode& self) {
-          const Tensor y = self.unpack(0);
+          const Tensor y = self.saved_tensor("y");
           const Shape& shape = self.input_meta[0].shape;
           const Tensor yr = shape.empty() ? raw::reshape(y, {1}) : y;
           const Tensor gr = shape.empty() ? raw::reshape(g[0], {1}) : g[0];
           return std::vector<Tensor>{raw::reshape(softmax_backward(kind, gr, yr, layout), shape)};
         });
-    node->saved.emplace_back(out.detach());
+    node->save("y", out.detach());
     autograd::record(node, {input}, {out});
   }
   return out;

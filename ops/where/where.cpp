@@ -58,7 +58,7 @@ Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
   Tensor out = select(condition, a, b, shape, promote_types(a.dtype(), b.dtype()));
   if (autograd::needs_grad({a, b})) {
     auto node = std::make_shared<LambdaNode>("WhereBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {
-      const Tensor cond = self.unpack(0);
+      const Tensor cond = self.saved_tensor("condition");
       const Tensor zero = scalar_zero(g[0]);
       Tensor ga, gb;
       if (self.needs_input_grad(0))
@@ -67,7 +67,7 @@ Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
         gb = sum_to(select(cond, zero, g[0], g[0].shape(), g[0].dtype()), self.input_meta[1].shape);
       return std::vector<Tensor>{ga, gb};
     });
-    node->saved.emplace_back(condition);
+    node->save("condition", condition);
     autograd::record(node, {a, b}, {out});
   }
   return out;
@@ -85,9 +85,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   if (autograd::needs_grad({x})) {
     auto node =
         std::make_shared<LambdaNode>("MaskedFillBackward", [](const std::vector<Tensor>& g, const LambdaNode& self) {
-          return std::vector<Tensor>{select(self.unpack(0), scalar_zero(g[0]), g[0], g[0].shape(), g[0].dtype())};
+          return std::vector<Tensor>{
+              select(self.saved_tensor("mask"), scalar_zero(g[0]), g[0], g[0].shape(), g[0].dtype())};
         });
-    node->saved.emplace_back(mask);
+    node->save("mask", mask);
     autograd::record(node, {x}, {out});
   }
   return out;

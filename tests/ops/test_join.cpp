@@ -151,13 +151,15 @@ TEST(Join, SplitBackwardPassesOnGradientsThatAreWindowsOfOneBuffer) {
   Tensor written;  // the buffer the op's backward wrote
   auto node = std::make_shared<autograd::LambdaNode>(
       "WindowsBackward", [&written](const std::vector<Tensor>&, const autograd::LambdaNode& self) {
-        std::vector<Tensor> in = {self.unpack(0), self.unpack(1), self.unpack(2)};
+        std::vector<Tensor> in = {self.saved_tensor("q"), self.saved_tensor("k"), self.saved_tensor("v")};
         std::vector<Tensor> grads = ops::empty_windows_like(in);
         for (size_t j = 0; j < grads.size(); ++j) grads[j].copy_(full(in[j].shape(), static_cast<double>(j + 1)));
         written = grads.at(0);
         return grads;
       });
-  node->saved = {autograd::SavedTensor(pieces[0]), autograd::SavedTensor(pieces[1]), autograd::SavedTensor(pieces[2])};
+  node->save("q", pieces[0]);
+  node->save("k", pieces[1]);
+  node->save("v", pieces[2]);
   const Tensor out = zeros({1});
   autograd::record(node, pieces, {out});
   Tensor seen;  // what split's backward returned
