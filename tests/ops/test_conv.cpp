@@ -23,40 +23,32 @@ using In = std::vector<Tensor>;
 // ---- conv2d: x [N, C, H, W], weight [O, C / groups, kH, kW], bias [O] ----
 // cuDNN skips the zero padding that the CPU's im2col multiplies, and pads what the CPU's col2im
 // skips: a NaN weight over a padded tap is NaN on one side and not on the other.
-const char* const kConvPadding = "cuDNN and the CPU's im2col multiply different zeros of the padding";
-MT_OP_CASE(OpCase("conv2d", "conv2d_bias")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 5}, {3, 2, 3, 3}, {3}})
-               .compute([](const In& x) { return conv2d(x[0], x[1], x[2]); }));
-MT_OP_CASE(OpCase("conv2d", "conv2d_no_bias")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 5}, {3, 2, 3, 3}})
-               .compute([](const In& x) { return conv2d(x[0], x[1]); }));
-MT_OP_CASE(OpCase("conv2d", "conv2d_stride2_pad1")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 5}, {3, 2, 3, 3}, {3}})
-               .compute([](const In& x) { return conv2d(x[0], x[1], x[2], Conv2dOptions().stride(2).padding(1)); }));
-MT_OP_CASE(OpCase("conv2d", "conv2d_dilation2")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 5}, {3, 2, 3, 3}})
-               .compute([](const In& x) {
-                 return conv2d(x[0], x[1], Tensor(), Conv2dOptions().dilation(2).padding(1));
-               }));
-MT_OP_CASE(OpCase("conv2d", "conv2d_groups2")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 4, 5, 5}, {4, 2, 3, 3}, {4}})
-               .compute([](const In& x) { return conv2d(x[0], x[1], x[2], Conv2dOptions().groups(2).padding(1)); }));
-MT_OP_CASE(OpCase("conv2d", "conv2d_depthwise")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 5}, {4, 1, 3, 3}})
-               .compute([](const In& x) { return conv2d(x[0], x[1], Tensor(), Conv2dOptions().groups(2)); }));
+OpCase conv_case(const char* name) {
+  return OpCase("conv2d", name)
+      .cuda_nonfinite_may_differ("cuDNN and the CPU's im2col multiply different zeros of the padding");
+}
+MT_OP_CASE(conv_case("conv2d_bias").inputs({{2, 2, 5, 5}, {3, 2, 3, 3}, {3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(conv_case("conv2d_no_bias").inputs({{2, 2, 5, 5}, {3, 2, 3, 3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1]);
+}));
+MT_OP_CASE(conv_case("conv2d_stride2_pad1").inputs({{2, 2, 5, 5}, {3, 2, 3, 3}, {3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], x[2], Conv2dOptions().stride(2).padding(1));
+}));
+MT_OP_CASE(conv_case("conv2d_dilation2").inputs({{2, 2, 5, 5}, {3, 2, 3, 3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], Tensor(), Conv2dOptions().dilation(2).padding(1));
+}));
+MT_OP_CASE(conv_case("conv2d_groups2").inputs({{2, 4, 5, 5}, {4, 2, 3, 3}, {4}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], x[2], Conv2dOptions().groups(2).padding(1));
+}));
+MT_OP_CASE(conv_case("conv2d_depthwise").inputs({{2, 2, 5, 5}, {4, 1, 3, 3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], Tensor(), Conv2dOptions().groups(2));
+}));
 // Height and width differ in every size and option, so a swapped h/w shows.
-MT_OP_CASE(OpCase("conv2d", "conv2d_rect")
-               .cuda_nonfinite_may_differ(kConvPadding)
-               .inputs({{2, 2, 5, 6}, {3, 2, 3, 2}, {3}})
-               .compute([](const In& x) {
-                 return conv2d(x[0], x[1], x[2], Conv2dOptions().stride(2, 1).padding(1, 0).dilation(1, 2));
-               }));
+MT_OP_CASE(conv_case("conv2d_rect").inputs({{2, 2, 5, 6}, {3, 2, 3, 2}, {3}}).compute([](const In& x) {
+  return conv2d(x[0], x[1], x[2], Conv2dOptions().stride(2, 1).padding(1, 0).dilation(1, 2));
+}));
 
 // ---- pooling: x [N, C, H, W]; max pooling draws away from zero (ties break gradchecks) ----
 MT_OP_CASE(

@@ -232,16 +232,8 @@ Kind kind_of(double v) {
   return Kind::finite;
 }
 const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::nan:
-      return "NaN";
-    case Kind::pos_inf:
-      return "+inf";
-    case Kind::neg_inf:
-      return "-inf";
-    default:
-      return "finite";
-  }
+  static const char* const names[] = {"NaN", "+inf", "-inf", "finite"};  // in Kind's order
+  return names[static_cast<int>(k)];
 }
 
 // NaN where ref is NaN, non-finite where it is +-inf (the same infinity or NaN), finite where it is finite.
