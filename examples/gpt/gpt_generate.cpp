@@ -11,15 +11,15 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Generate text with a GPT, optionally with a LoRA adapter"};
-  gpt_example::PlacementFlags placement_flags;
+  example::setup(app, "gpt_generate");
+  example::PlacementFlags placement_flags;
   std::string model_dir, adapter_dir, prompt = "The ";
   int64_t tokens = 200, top_k = 40;
   double temperature = 0.8;
-  uint64_t seed = 1;
+  uint64_t seed = example::kDefaultSeed;
   bool merge = false;
-  placement_flags.add_to(app);
+  placement_flags.add_to(app, example::AmpFlag::without);  // sampling runs in f32
   app.add_option("--model", model_dir, "model directory (config.json, model.safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -27,20 +27,18 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_flag("--merge", merge, "merge the adapter into the weights before sampling (same text, faster)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  app.add_option("--tokens", tokens, "tokens (bytes) to generate")
-      ->capture_default_str()
-      ->check(gpt_example::positive());
+  app.add_option("--tokens", tokens, "tokens (bytes) to generate")->capture_default_str()->check(example::positive());
   app.add_option("--temperature", temperature, "softmax temperature (0: greedy)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
-  app.add_option("--seed", seed, "sampling seed")->capture_default_str();
+      ->check(example::non_negative());
+  example::add_seed(app, seed, "sampling");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const gpt_example::Placement placement = placement_flags.resolve();
+    const example::Placement placement = placement_flags.resolve();
     const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(model_dir);
     model->to(placement.device);
     if (!adapter_dir.empty()) {

@@ -15,9 +15,9 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Fine-tune a GPT with LoRA adapters"};
-  gpt_example::PlacementFlags placement_flags;
+  example::setup(app, "gpt_lora");
+  example::PlacementFlags placement_flags;
   gpt_example::TrainFlags train_flags;
   train_flags.steps = 200;
   train_flags.lr = 2e-3;
@@ -34,24 +34,24 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--adapter-out", adapter_out, "directory to save the adapter to (PEFT layout)")->required();
   app.add_option("--merged-out", merged_out, "also merge the adapter into the base and save the model here");
-  app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(example::positive());
   app.add_option("--alpha", lora.alpha, "LoRA alpha (scale alpha/r)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--lora-dropout", lora.dropout, "dropout on the adapter's input")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(example::range(0.0, 0.99));
   app.add_flag("--rslora", lora.use_rslora, "scale by alpha/sqrt(r) (rank-stabilised LoRA)");
   app.add_option("--targets", targets, "comma-separated module names to adapt (PEFT's target_modules)")
       ->capture_default_str();
   app.add_option("--prompt", prompt, "prompt of the samples printed before and after")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of those samples (0: none)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const gpt_example::Placement placement = placement_flags.resolve();
+    const example::Placement placement = placement_flags.resolve();
     lora.target_modules = gpt_example::split_commas(targets);
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(base);

@@ -19,6 +19,7 @@
 #include "core/data/token_file.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "examples/common/cli.h"
 
 namespace {
 
@@ -41,8 +42,8 @@ using mt::with_commas;
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Tokenize text files (byte-level, vocabulary 256) into token files for GPT training"};
+  example::setup(app, "gpt_tokenize");
   std::string output;
   std::string val_output;
   double val_fraction = 0.1;
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   auto* val_option = app.add_option("--val-output", val_output, "token file for the validation tokens (the tail)");
   app.add_option("--val-fraction", val_fraction, "fraction of the tokens, taken from the end, for --val-output")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(example::range(0.0, 1.0))
       ->needs(val_option);
   app.add_option("files", inputs, "text files, concatenated in this order")->required();
   CLI11_PARSE(app, argc, argv);

@@ -15,9 +15,9 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Pretrain a GPT from scratch on a token file"};
-  gpt_example::PlacementFlags placement_flags;
+  example::setup(app, "gpt_train");
+  example::PlacementFlags placement_flags;
   gpt_example::TrainFlags train_flags;
   mt::nn::GPTConfig config;
   config.vocab_size = mt::data::ByteTokenizer().vocab_size();
@@ -31,23 +31,21 @@ int main(int argc, char** argv) {
   placement_flags.add_to(app);
   train_flags.add_to(app, "training token file (from gpt_tokenize)");
   app.add_option("--out", out, "directory to save the model to (config.json, model.safetensors)")->required();
-  app.add_option("--layers", config.n_layer, "transformer blocks")
-      ->capture_default_str()
-      ->check(gpt_example::positive());
-  app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(gpt_example::positive());
-  app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(gpt_example::positive());
+  app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(example::positive());
+  app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(example::positive());
+  app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(example::positive());
   app.add_option("--context", config.n_positions, "longest sequence the model accepts (0: --seq-len)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
-  app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+      ->check(example::non_negative());
+  app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(example::range(0.0, 0.99));
   app.add_option("--prompt", prompt, "prompt of the sample printed after training")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of that sample (0: none)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const gpt_example::Placement placement = placement_flags.resolve();
+    const example::Placement placement = placement_flags.resolve();
     if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
     mt::manual_seed(train_flags.seed);
     mt::Generator init(train_flags.seed);

@@ -1,12 +1,8 @@
 #include "examples/gpt/trainer.h"
 
-#include <signal.h>
-#include <unistd.h>
 #include <algorithm>
-
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <sstream>
 
@@ -36,145 +32,60 @@ std::vector<std::string> split_commas(const std::string& text) {
 
 namespace {
 
-std::string duration_text(double seconds) {
-  const auto s = static_cast<int64_t>(std::lround(std::max(seconds, 0.0)));
-  char buf[32];
-  if (s >= 3600) {
-    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
-                  static_cast<long long>(s % 3600 / 60));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  }
-  return buf;
-}
-
-// Note [Stopping on a signal]: the first SIGTERM, SIGINT or SIGUSR1 asks the loop to finish its
-// step, write a checkpoint and return; a second one ends the process at once.
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int signal) {
-  if (g_stop_signal != 0) _exit(128 + signal);
-  g_stop_signal = signal;
-}
-
-void install_stop_handlers() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
-}
-
-// " | peak mem 12.34 GiB" on a GPU (the allocator's high-water mark since training began).
+// "peak mem 12.34 GiB": the allocator's high-water mark since training began.
 std::string peak_memory_text(const mt::Device& device) {
-  if (!device.is_cuda()) return "";
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), " | peak mem %.2f GiB",
-                static_cast<double>(mt::cuda::memory_stats(device.index).peak_allocated) / (1024.0 * 1024.0 * 1024.0));
-  return buf;
+  return example::format("peak mem %.2f GiB", static_cast<double>(mt::cuda::memory_stats(device.index).peak_allocated) /
+                                                  (1024.0 * 1024.0 * 1024.0));
 }
 
 }  // namespace
 
 // ------------------------------------------------------------------ flags
 
-namespace {
-
-CLI::Validator number_check(bool allow_zero) {
-  const char* what = allow_zero ? "a number >= 0" : "a positive number";
-  return CLI::Validator(
-      [allow_zero, what](std::string& input) {
-        double value = 0;
-        const bool number = CLI::detail::lexical_cast(input, value);
-        if (number && (allow_zero ? value >= 0 : value > 0)) return std::string();
-        return std::string("expected ") + what + ", got " + (input.empty() ? "''" : input);
-      },
-      allow_zero ? "NONNEGATIVE" : "POSITIVE");
-}
-
-}  // namespace
-
-CLI::Validator positive() { return number_check(/*allow_zero=*/false); }
-CLI::Validator non_negative() { return number_check(/*allow_zero=*/true); }
-
-std::string Placement::describe() const {
-  return device.str() + (amp ? std::string(", ") + mt::dtype_name(*amp) + " autocast" : std::string(", f32")) +
-         (world_size() > 1 ? ", data parallel over " + std::to_string(world_size()) + " ranks" : std::string());
-}
-
-void PlacementFlags::add_to(CLI::App& app) {
-  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: cuda when a GPU is visible)")
-      ->capture_default_str();
-  app.add_option("--amp", amp, "mixed precision: auto (bf16 on cuda, off on cpu), off, bf16 or fp16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "off", "bf16", "fp16"}));
-}
-
-Placement PlacementFlags::resolve() const {
-  Placement p;
-  if (mt::dist::ProcessGroup::launched_by_mpi()) p.group = &mt::dist::ProcessGroup::init();
-  p.device = device == "auto" ? (mt::cuda::is_available() ? mt::Device("cuda") : mt::kCPU) : mt::Device(device);
-  if (p.device.is_cuda() && p.group != nullptr && (device == "auto" || device == "cuda") &&
-      mt::cuda::device_count() > 0) {
-    p.device = mt::Device(mt::DeviceType::cuda, p.group->local_rank() % mt::cuda::device_count());  // one GPU a rank
-    mt::cuda::set_current_device(p.device.index);
-  }
-  const std::string mode = amp == "auto" ? (p.device.is_cuda() ? "bf16" : "off") : amp;
-  if (mode == "bf16") p.amp = mt::DType::bf16;
-  if (mode == "fp16") p.amp = mt::DType::f16;
-  return p;
-}
-
 void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--data", data, data_help)->required()->check(CLI::ExistingFile);
   app.add_option("--val-data", val_data, "validation token file (loss reported after training)")
       ->check(CLI::ExistingFile);
-  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(positive());
-  app.add_option("--batch-size", batch_size, "sequences per step")->capture_default_str()->check(positive());
-  app.add_option("--seq-len", seq_len, "tokens per sequence")->capture_default_str()->check(positive());
-  app.add_option("--lr", lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
+  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(example::positive());
+  app.add_option("--batch-size", batch_size, "sequences per step")->capture_default_str()->check(example::positive());
+  app.add_option("--seq-len", seq_len, "tokens per sequence")->capture_default_str()->check(example::positive());
+  app.add_option("--lr", lr, "peak learning rate (AdamW)")->capture_default_str()->check(example::positive());
   app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay")
       ->capture_default_str()
-      ->check(non_negative());
+      ->check(example::non_negative());
   app.add_option("--min-lr-ratio", min_lr_ratio, "final lr as a fraction of the peak")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(example::range(0.0, 1.0));
   app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay")
       ->capture_default_str()
-      ->check(non_negative());
+      ->check(example::non_negative());
   app.add_option("--grad-clip", grad_clip, "clip the global gradient norm to this (0: off)")
       ->capture_default_str()
-      ->check(non_negative());
-  app.add_option("--seed", seed, "seed for initialisation, batches and dropout")->capture_default_str();
-  app.add_option("--log-every", log_every, "steps between progress lines")->capture_default_str()->check(positive());
+      ->check(example::non_negative());
+  example::add_seed(app, seed, "initialisation, batches, dropout and the sample");
+  app.add_option("--log-every", log_every, "steps between progress lines")
+      ->capture_default_str()
+      ->check(example::positive());
   app.add_option("--checkpoint", checkpoint,
                  "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), or selective "
                  "(recompute attention only)")
       ->capture_default_str();
-  app.add_option("--save-dir", save_dir,
-                 "directory for training checkpoints (model, optimizer, scaler, schedule, RNG, data position); "
-                 "SIGTERM, SIGINT or SIGUSR1 then finish the step, write one and exit 0");
-  app.add_option("--save-every", save_every, "steps between checkpoints (0: only when stopped by a signal)")
-      ->capture_default_str()
-      ->check(non_negative());
-  app.add_option("--keep", keep, "checkpoints kept in --save-dir")->capture_default_str()->check(positive());
-  app.add_option("--stop-at", stop_at,
-                 "stop after this step as SIGTERM would (checkpoint and exit 0), to run a job in slices")
-      ->check(non_negative());
+  checkpoints.add_to(app);
   app.add_flag("--detect-anomaly", detect_anomaly,
                "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
   app.add_flag("--cuda-graph", cuda_graph,
                "capture the training step in a CUDA Graph after two steps and replay it (one GPU, dropout 0)");
   app.add_flag("--deterministic", deterministic,
                "repeatable kernels only, so that a resumed GPU run repeats an uninterrupted one bit for bit");
-  app.add_flag("--resume", resume,
-               "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
-  app.add_option("--eval-batches", eval_batches, "validation batches")->capture_default_str()->check(positive());
+  app.add_option("--eval-batches", eval_batches, "validation batches")
+      ->capture_default_str()
+      ->check(example::positive());
 }
 
 // ------------------------------------------------------------------ training
 
 double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t batch_size, int64_t seq_len,
-                int64_t batches, const Placement& placement) {
+                int64_t batches, const example::Placement& placement) {
   mt::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -192,7 +103,7 @@ double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t bat
 }
 
 TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, const TrainFlags& flags,
-                  const Placement& placement, const std::string& tag) {
+                  const example::Placement& placement, const std::string& tag) {
   const mt::data::TokenFile data(flags.data);
   MT_CHECK(data.vocab_size() <= model.config().vocab_size, flags.data, ": the token file's vocab_size ",
            data.vocab_size(), " is larger than the model's vocab_size ", model.config().vocab_size);
@@ -228,16 +139,10 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
   std::fflush(stdout);
 
   // Training checkpoints and resuming (rank 0 writes; every rank reads the same file).
-  std::optional<mt::CheckpointDirectory> saves;
-  MT_CHECK(!flags.resume || !flags.save_dir.empty(), "--resume needs --save-dir");
-  MT_CHECK(flags.stop_at == 0 || !flags.save_dir.empty(), "--stop-at needs --save-dir");
-  if (!flags.save_dir.empty()) {
-    saves.emplace(flags.save_dir, flags.keep);
-    install_stop_handlers();
-  }
+  std::optional<mt::CheckpointDirectory> saves = flags.checkpoints.open();
   mt::TrainingState checkpoint_state{&model, &optimizer, &scaler, &schedule, {}};
   int64_t first_step = 1;
-  if (flags.resume) {
+  if (flags.checkpoints.resume) {
     if (const auto latest = saves->latest()) {
       mt::load_training_checkpoint(*latest, checkpoint_state);
       const auto& extra = checkpoint_state.extra;
@@ -251,7 +156,7 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
         std::printf("%s: resumed from %s at step %lld\n", tag.c_str(), latest->c_str(),
                     static_cast<long long>(first_step - 1));
     } else if (placement.is_main()) {
-      std::printf("%s: no checkpoint in %s; starting from step 1\n", tag.c_str(), flags.save_dir.c_str());
+      std::printf("%s: no checkpoint in %s; starting from step 1\n", tag.c_str(), flags.checkpoints.save_dir.c_str());
     }
   }
   auto save_checkpoint = [&](int64_t step) {
@@ -324,13 +229,11 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
     const double lr = schedule.last_lr();
     schedule.step();
     if (saves) {
-      // Every rank stops together: a signal delivered to one of them counts for all.
-      bool stop = g_stop_signal != 0 || step == flags.stop_at;
-      if (placement.world_size() > 1) stop = placement.group->mean_over_ranks(stop ? 1.0 : 0.0) > 0.0;
-      if (stop || (flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) save_checkpoint(step);
-      if (stop) {
+      const std::string stop = example::stop_reason(step, flags.checkpoints, placement.group);
+      if (!stop.empty() || flags.checkpoints.due(step, flags.steps)) save_checkpoint(step);
+      if (!stop.empty()) {
         if (placement.is_main())
-          std::printf("%s: stopped by a signal after step %lld\n", tag.c_str(), static_cast<long long>(step));
+          std::printf("%s: stopped after step %lld (%s)\n", tag.c_str(), static_cast<long long>(step), stop.c_str());
         result.interrupted = true;
         break;
       }
@@ -349,17 +252,14 @@ TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, con
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const int64_t steps_run = step - first_step + 1;  // in this process (after a resume, not from 1)
       const double tokens = static_cast<double>(steps_run * flags.batch_size * flags.seq_len * placement.world_size());
-      // The scale as it is: after many skipped steps it falls below 1 (a power of two, 2^-k).
-      char scale[32] = "off";
-      if (fp16) std::snprintf(scale, sizeof(scale), "%g", scaler.get_scale());
       if (!placement.is_main()) continue;
-      std::printf(
-          "%s: step %4lld/%lld | loss %.4f | lr %.2e | %s tok/s | loss scale %s%s | eta %s\n", tag.c_str(),
-          static_cast<long long>(step), static_cast<long long>(flags.steps), value, lr,
-          with_commas(static_cast<int64_t>(tokens / seconds)).c_str(), scale,
-          peak_memory_text(placement.device).c_str(),
-          duration_text(seconds / static_cast<double>(steps_run) * static_cast<double>(flags.steps - step)).c_str());
-      std::fflush(stdout);
+      // The loss scale as it is: after many skipped steps it falls below 1.
+      std::vector<std::string> fields = {
+          example::format("loss %.4f", value), example::format("lr %.2e", lr),
+          with_commas(static_cast<int64_t>(tokens / seconds)) + " tok/s",
+          "loss scale " + example::loss_scale_text(fp16 ? std::optional<double>(scaler.get_scale()) : std::nullopt)};
+      if (placement.device.is_cuda()) fields.push_back(peak_memory_text(placement.device));
+      std::printf("%s\n", example::progress_line(tag, step, flags.steps, fields, seconds, steps_run).c_str());
     }
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

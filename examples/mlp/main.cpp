@@ -1,6 +1,6 @@
 // A multi-layer perceptron learns to classify points of a three-armed spiral.
 //
-//   build/examples/mlp --device cuda --amp bf16
+//   build/examples/mlp --device cuda --amp fp16
 //
 // The training loop is what a user writes, as with PyTorch's AMP: forward and
 // loss under autocast, the loss scaled, backward, scaler step, scaler update,
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_context.h"
 #include "distributed/ddp.h"
+#include "examples/common/cli.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
 #include "ops/ops.h"
@@ -100,63 +100,46 @@ double accuracy(const mt::Tensor& logits, const std::vector<int64_t>& labels) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Train an MLP on a synthetic three-class spiral"};
-  std::string device_name = "cpu";
-  int steps = 1500;
-  int hidden = 64;
-  int per_class = 300;
+  example::setup(app, "mlp");
+  example::PlacementFlags placement_flags;
+  example::CheckpointFlags checkpoint_flags;
+  int64_t steps = 1500;
+  int64_t hidden = 64;
+  int64_t per_class = 300;
   double lr = 0.01;
   double momentum = 0.9;
   std::string optimizer_name = "adamw";
-  std::string amp = "off";
-  uint64_t seed = 0;
-  int log_every = 100;
+  uint64_t seed = example::kDefaultSeed;
+  int64_t log_every = 100;
   double min_accuracy = 0.0;
-  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--steps", steps, "training steps (full batch)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--hidden", hidden, "hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+  placement_flags.add_to(app);
+  app.add_option("--steps", steps, "training steps (full batch)")->capture_default_str()->check(example::positive());
+  app.add_option("--hidden", hidden, "hidden width")->capture_default_str()->check(example::positive());
   app.add_option("--points-per-class", per_class, "points per spiral arm")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--momentum", momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 0.999));
+      ->check(example::positive());
+  app.add_option("--lr", lr, "peak learning rate")->capture_default_str()->check(example::positive());
+  app.add_option("--momentum", momentum, "SGD momentum")->capture_default_str()->check(example::range(0.0, 0.999));
   app.add_option("--optimizer", optimizer_name, "adamw or sgd")
       ->capture_default_str()
-      ->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--amp", amp, "mixed precision: off, fp16 (with loss scaling) or bf16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
-  app.add_option("--seed", seed, "seed for data and initialisation")->capture_default_str();
+      ->check(example::one_of({"adamw", "sgd"}));
+  example::add_seed(app, seed, "the data and the initialisation");
   app.add_option("--log-every", log_every, "steps between progress lines")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(example::positive());
   app.add_option("--min-accuracy", min_accuracy, "exit with status 1 if the final accuracy is lower")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  std::string save_dir;
-  int save_every = 0;
-  bool resume = false;
-  app.add_option("--save-dir", save_dir, "write training checkpoints here (model, optimizer, scaler, schedule)");
-  app.add_option("--save-every", save_every, "steps between checkpoints (0: only after the last step)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", resume, "continue from the newest checkpoint in --save-dir (a fresh start if none)");
-  int stop_at = 0;
-  app.add_option("--stop-at", stop_at, "stop after this step with a checkpoint, to run a job in slices")
-      ->check(CLI::NonNegativeNumber);
+      ->check(example::range(0.0, 1.0));
+  checkpoint_flags.add_to(app);
   CLI11_PARSE(app, argc, argv);
 
   try {
     // Under mpirun: one process per rank, each on its own GPU (by local rank) when on CUDA.
-    mt::dist::ProcessGroup* group =
-        mt::dist::ProcessGroup::launched_by_mpi() ? &mt::dist::ProcessGroup::init() : nullptr;
-    const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
-    mt::Device device(device_name);
-    if (group && device.is_cuda() && device_name == "cuda") {
-      device = mt::cuda_device(group->local_rank() % mt::cuda::device_count());
-    }
-    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
+    const example::Placement placement = placement_flags.resolve();
+    const mt::Device device = placement.device;
+    mt::dist::ProcessGroup* group = placement.group;
+    const int rank = placement.rank(), world = placement.world_size();
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
 
     mt::manual_seed(seed);
@@ -179,45 +162,44 @@ int main(int argc, char** argv) {
     } else {
       optimizer = std::make_unique<mt::SGD>(params, mt::SGDOptions(lr).momentum(momentum));
     }
-    mt::WarmupCosineLR schedule(*optimizer, /*warmup_steps=*/std::min(100, steps / 10), /*total_steps=*/steps);
+    mt::WarmupCosineLR schedule(*optimizer, /*warmup_steps=*/std::min<int64_t>(100, steps / 10), /*total_steps=*/steps);
     // Loss scaling matters for f16 (5 exponent bits); bf16 has f32's range and needs none.
-    mt::GradScaler scaler(device, mt::GradScalerOptions().enabled(amp == "fp16"));
-    const bool autocast = amp != "off";
-    const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
+    const bool fp16 = placement.amp == mt::DType::f16;
+    mt::GradScaler scaler(device, mt::GradScalerOptions().enabled(fp16));
     auto forward = [&](const mt::Tensor& input) { return model.forward(input); };
 
-    std::printf("mlp: %lld points, 3 classes, 2-%d-%d-3 MLP on %s, %s lr %.3g (warmup + cosine), amp %s\n",
-                static_cast<long long>(x.size(0)), hidden, hidden, device.str().c_str(), optimizer_name.c_str(), lr,
-                amp.c_str());
+    std::printf("mlp: %lld points, 3 classes, 2-%lld-%lld-3 MLP on %s, %s lr %.3g (warmup + cosine)\n",
+                static_cast<long long>(x.size(0)), static_cast<long long>(hidden), static_cast<long long>(hidden),
+                placement.describe().c_str(), optimizer_name.c_str(), lr);
     if (group) {
       std::printf("mlp: data parallel over %d ranks, %lld points each\n", world,
                   static_cast<long long>(x_shard.size(0)));
     }
     // Training checkpoints: rank 0 writes, every rank resumes from the same file.
-    MT_CHECK(!resume || !save_dir.empty(), "mlp: --resume needs --save-dir");
-    MT_CHECK(stop_at == 0 || !save_dir.empty(), "mlp: --stop-at needs --save-dir");
-    std::unique_ptr<mt::CheckpointDirectory> checkpoints;
-    if (!save_dir.empty()) checkpoints = std::make_unique<mt::CheckpointDirectory>(save_dir, /*keep=*/2);
+    std::optional<mt::CheckpointDirectory> checkpoints = checkpoint_flags.open();
     mt::TrainingState state{&model, optimizer.get(), &scaler, &schedule, {}};
-    int first_step = 1;
-    if (resume) {
+    int64_t first_step = 1;
+    if (checkpoint_flags.resume) {
       if (const std::optional<std::string> latest = checkpoints->latest()) {
         mt::load_training_checkpoint(*latest, state);
-        first_step = static_cast<int>(state.extra.at("step")) + 1;
-        std::printf("mlp: resumed from %s at step %d\n", latest->c_str(), first_step - 1);
+        MT_CHECK_T(mt::FileError, state.extra.count("step"), *latest, ": not an mlp checkpoint (no 'step')");
+        first_step = static_cast<int64_t>(state.extra.at("step")) + 1;
+        std::printf("mlp: resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(first_step - 1));
+      } else {
+        std::printf("mlp: no checkpoint in %s; starting from step 1\n", checkpoint_flags.save_dir.c_str());
       }
     }
-    auto save = [&](int step) {
-      state.extra["step"] = step;
+    auto save = [&](int64_t step) {
+      state.extra["step"] = static_cast<double>(step);
       if (rank == 0) std::printf("mlp: checkpoint %s\n", checkpoints->save(step, state).c_str());
     };
 
     const auto start = std::chrono::steady_clock::now();
     double acc = 0.0;
-    for (int step = first_step; step <= steps; ++step) {
+    for (int64_t step = first_step; step <= steps; ++step) {
       mt::Tensor logits, loss;
       {
-        mt::AutocastGuard amp_region(device.type, low, autocast);
+        mt::AutocastGuard amp_region(device.type, placement.amp.value_or(mt::DType::bf16), placement.amp.has_value());
         logits = forward(x_shard);
         loss = mt::cross_entropy(logits, y_shard);  // f32 under autocast
       }
@@ -230,6 +212,7 @@ int main(int argc, char** argv) {
       if (ddp) ddp->synchronize();  // the gradients, averaged over the ranks
       scaler.step(*optimizer);
       scaler.update();
+      const double lr_used = schedule.last_lr();
       schedule.step();
       if (step % log_every == 0 || step == steps) {
         // Reading values waits for the device: only when logging. Every rank logs on the same steps.
@@ -237,20 +220,28 @@ int main(int argc, char** argv) {
         const double mean_loss = group ? group->mean_over_ranks(loss.item()) : loss.item();
         if (group) acc = group->mean_over_ranks(acc);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::printf("step %5d  loss %.4f  accuracy %5.1f%%  lr %.2e  loss scale %g  %.3f ms/step\n", step, mean_loss,
-                    100.0 * acc, schedule.last_lr(), scaler.get_scale(), 1000.0 * seconds / (step - first_step + 1));
+        const int64_t steps_run = step - first_step + 1;
+        const std::vector<std::string> fields = {
+            example::format("loss %.4f", mean_loss), example::format("accuracy %5.1f%%", 100.0 * acc),
+            example::format("lr %.2e", lr_used),
+            "loss scale " + example::loss_scale_text(fp16 ? std::optional<double>(scaler.get_scale()) : std::nullopt),
+            example::format("%.3f ms/step", 1000.0 * seconds / static_cast<double>(steps_run))};
+        std::printf("%s\n", example::progress_line("mlp", step, steps, fields, seconds, steps_run).c_str());
       }
-      if (checkpoints && ((save_every > 0 && step % save_every == 0) || step == steps || step == stop_at)) save(step);
-      if (step == stop_at) {
-        std::printf("mlp: stopped after step %d (--stop-at)\n", step);
-        return 0;
+      if (checkpoints) {
+        const std::string stop = example::stop_reason(step, checkpoint_flags, group);
+        if (!stop.empty() || checkpoint_flags.due(step, steps)) save(step);
+        if (!stop.empty()) {
+          std::printf("mlp: stopped after step %lld (%s)\n", static_cast<long long>(step), stop.c_str());
+          return 0;
+        }
       }
     }
     {
       mt::NoGradGuard no_grad;
       acc = accuracy(forward(x), labels);
     }
-    std::printf("final accuracy: %.1f%%\n", 100.0 * acc);
+    std::printf("mlp: final accuracy %.1f%%\n", 100.0 * acc);
     if (acc < min_accuracy) {
       std::fprintf(stderr, "mlp: accuracy %.1f%% is below --min-accuracy %.1f%%\n", 100.0 * acc, 100.0 * min_accuracy);
       return 1;

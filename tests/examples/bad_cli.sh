@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Bad arguments and bad input files given to the GPT programs, on the CPU: each command must end
-# with a non-zero exit status (not a signal, not a timeout) and print the expected words, which
-# name the option or file and what is wrong. One line per case; fails if any case does.
-#   bad_cli.sh <bin dir> <work dir>
+# Bad arguments and bad input files given to the programs (examples/ and tools/bench/), on the
+# CPU: each command must end with a non-zero exit status (not a signal, not a timeout) and print
+# the expected words, which name the program, the option or file and what is wrong, once (never
+# "mlp: mlp: ..."). One line per case; fails if any case does.
+#   bad_cli.sh <bin dir> <work dir> <tools bin dir>
 set -uo pipefail
-bin=$1 w=$2
+bin=$1 w=$2 tools=$3
 rm -rf "$w" && mkdir -p "$w/empty"
 setup_fail() { echo "FAIL: setup: $*"; exit 1; }
 
@@ -43,6 +44,8 @@ check() {
   done <<<"${want// ... /$'\n'}"
   if ((rc == 0 || rc >= 124)); then
     echo "FAIL $name: exit status $rc (expected an error exit, not success, a signal or a timeout)"
+  elif grep -q -E '^([a-z_]+): \1: ' <<<"$out"; then
+    echo "FAIL $name: the program's name twice: $(grep -E -m 1 '^([a-z_]+): \1: ' <<<"$out")"
   elif [[ -n "$missing" ]]; then
     echo "FAIL $name: exit status $rc, but the output lacks '$missing':"
     tail -n 5 <<<"$out" | sed 's/^/    /'
@@ -59,24 +62,98 @@ lora=("$bin/gpt_lora" --device cpu --adapter-out "$w/adapter_out" --sample-token
 generate=("$bin/gpt_generate" --device cpu --tokens 4)
 
 # Arguments.
-check steps_negative "--steps: expected a positive number, got -1" "${train[@]}" --data "$w/a.tok" --steps -1
-check tokens_zero "--tokens: expected a positive number, got 0" "${generate[@]}" --model "$w/model" --tokens 0
-check unknown_option "The following argument was not expected: --bogus" "${train[@]}" --data "$w/a.tok" --bogus
-check required_missing "--data is required" "${train[@]}"
-check device_unknown "Device: cannot parse 'tpu'; expected 'cpu', 'cuda' or 'cuda:N'" "$bin/gpt_train" --device tpu \
-  --data "$w/a.tok" --out "$w/out"
-check amp_unknown "--amp: fp8 not in {auto,off,bf16,fp16}" "${train[@]}" --data "$w/a.tok" --amp fp8
+check steps_negative "gpt_train: --steps: expected a positive number, got -1" "${train[@]}" --data "$w/a.tok" \
+  --steps -1
+check tokens_zero "gpt_generate: --tokens: expected a positive number, got 0" "${generate[@]}" --model "$w/model" \
+  --tokens 0
+check unknown_option "gpt_train: The following argument was not expected: --bogus" "${train[@]}" --data "$w/a.tok" \
+  --bogus
+check required_missing "gpt_train: --data is required" "${train[@]}"
 check heads_do_not_divide_width "n_embd 16 is not a multiple of n_head 3" "${train[@]}" --data "$w/a.tok" --embd 16 \
   --heads 3
 check checkpoint_mode_unknown "'all' is not one of off, blocks, blocks:K" "${train[@]}" --data "$w/a.tok" \
   --checkpoint all
-check resume_without_save_dir "gpt_train: --resume needs --save-dir" "${train[@]}" --data "$w/a.tok" --resume
 check seq_len_over_context "--seq-len 32 exceeds the model's n_positions 16" "${train[@]}" --data "$w/a.tok" \
   --seq-len 32 --context 16
 check cuda_graph_on_cpu "gpt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
+
+# Numbers out of range: the flag, the accepted range and the value (not CLI11's "Value 2 not in range ...").
+check dropout_out_of_range "gpt_train: --dropout: expected a number from 0 to 0.99, got 1.5" "${train[@]}" \
+  --data "$w/a.tok" --dropout 1.5
+check min_lr_ratio_out_of_range "gpt_train: --min-lr-ratio: expected a number from 0 to 1, got 2" "${train[@]}" \
+  --data "$w/a.tok" --min-lr-ratio 2
+check lora_dropout_out_of_range "gpt_lora: --lora-dropout: expected a number from 0 to 0.99, got -0.1" "${lora[@]}" \
+  --base "$w/model" --data "$w/a.tok" --lora-dropout -0.1
+check val_fraction_out_of_range "gpt_tokenize: --val-fraction: expected a number from 0 to 1, got 2" \
+  "$bin/gpt_tokenize" --output "$w/x.tok" --val-output "$w/v.tok" --val-fraction 2 "$w/a.txt"
+check mlp_momentum_out_of_range "mlp: --momentum: expected a number from 0 to 0.999, got 1" "$bin/mlp" --momentum 1
+check mlp_min_accuracy_out_of_range "mlp: --min-accuracy: expected a number from 0 to 1, got 95" "$bin/mlp" \
+  --min-accuracy 95
+check mlp_steps_zero "mlp: --steps: expected a positive number, got 0" "$bin/mlp" --steps 0
+check mlp_points_not_a_number "mlp: --points-per-class: expected a positive number, got many" "$bin/mlp" \
+  --points-per-class many
+check gpt_step_steps_zero "gpt_step: --steps: expected a positive number, got 0" "$tools/gpt_step" --steps 0
+check mlp_step_repeats_zero "mlp_step: --repeats: expected a positive number, got 0" "$tools/mlp_step" --repeats 0
+check op_bench_iters_zero "op_bench: --iters: expected a positive number, got 0" "$tools/op_bench" --iters 0
+
+# --device and --amp: the same words in every program. args_for <program>: its required arguments.
+args_for() {
+  case $1 in
+    gpt_train) args=(--data "$w/a.tok" --out "$w/out" --layers 1 --heads 2 --embd 16) ;;
+    gpt_lora) args=(--data "$w/a.tok" --base "$w/model" --adapter-out "$w/adapter_out") ;;
+    gpt_generate) args=(--model "$w/model") ;;
+    *) args=() ;;
+  esac
+}
+for p in "$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora" "$bin/gpt_generate" "$tools/gpt_step" "$tools/mlp_step" \
+  "$tools/op_bench"; do
+  name=$(basename "$p")
+  args_for "$name"
+  check "${name}_device_unknown" "$name: --device: expected auto, cpu, cuda or cuda:N, got tpu" "$p" "${args[@]}" \
+    --device tpu
+  # A GPU asked for where none is usable: one sentence (on a GPU machine cuda:99 does not exist).
+  check "${name}_device_missing" "$name: --device cuda:99: no usable CUDA device (" "$p" "${args[@]}" --device cuda:99
+done
+for p in "$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora" "$tools/gpt_step"; do
+  name=$(basename "$p")
+  args_for "$name"
+  check "${name}_amp_unknown" "$name: --amp: expected auto, off, bf16 or fp16, got fp8" "$p" "${args[@]}" --amp fp8
+done
+if ! command -v nvidia-smi >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+  # No driver on this machine: the sentence says so (or that the build has no CUDA at all).
+  for p in "$bin/gpt_train" "$bin/mlp"; do
+    name=$(basename "$p")
+    args_for "$name"
+    out=$("$p" "${args[@]}" --device cuda 2>&1)
+    if grep -q -E "^$name: --device cuda: no usable CUDA device \((driver not found|mixtrain was built without CUDA)\)$" \
+      <<<"$out"; then
+      echo "ok   ${name}_device_without_driver: $(head -n 1 <<<"$out")"
+      passed=$((passed + 1))
+    else
+      echo "FAIL ${name}_device_without_driver: expected '$name: --device cuda: no usable CUDA device (driver not found)':"
+      tail -n 5 <<<"$out" | sed 's/^/    /'
+      failed=$((failed + 1))
+    fi
+  done
+fi
+check op_bench_dtype_unknown "op_bench: --dtype: expected bf16, f16 or f32, got f64" "$tools/op_bench" --dtype f64
+check mlp_optimizer_unknown "mlp: --optimizer: expected adamw or sgd, got adam" "$bin/mlp" --optimizer adam
+
+# The checkpoint flags: the same checks and words in gpt_train, gpt_lora and mlp.
+for p in "$bin/gpt_train" "$bin/gpt_lora" "$bin/mlp"; do
+  name=$(basename "$p")
+  args_for "$name"
+  args+=(--device cpu --steps 2)
+  [[ $name == mlp ]] && args+=(--points-per-class 10) || args+=(--sample-tokens 0 --seq-len 16 --batch-size 2)
+  check "${name}_resume_without_save_dir" "$name: --resume needs --save-dir" "$p" "${args[@]}" --resume
+  check "${name}_stop_at_without_save_dir" "$name: --stop-at needs --save-dir" "$p" "${args[@]}" --stop-at 1
+  check "${name}_keep_zero" "$name: --keep: expected a positive number, got 0" "$p" "${args[@]}" --keep 0
+  check "${name}_save_every_negative" "$name: --save-every: expected a number >= 0, got -1" "$p" "${args[@]}" \
+    --save-every -1
+done
 
 # Data files.
 check data_missing "--data: File does not exist: $w/nope.tok" "${train[@]}" --data "$w/nope.tok"

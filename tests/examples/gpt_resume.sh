@@ -26,6 +26,8 @@ steps() { grep -E "step +[0-9]+/" "$1" | sed -E 's/ \| [0-9,]+ tok\/s.*//'; }  #
   fail "first half"
 "${train[@]}" --steps 12 --out "$work/split" --save-dir "$work/ck" --resume >"$work/second.log" ||
   fail "resumed half"
+grep -q "stopped after step 6 (--stop-at)" "$work/first.log" || fail "no '--stop-at' stop message"
+! grep -q "signal" "$work/first.log" || fail "a --stop-at run claims a signal stopped it"
 grep -q "resumed from .*step-000000006.safetensors at step 6" "$work/second.log" || fail "did not resume at step 6"
 diff <(steps "$work/straight.log" | sed -n '7,12p') <(steps "$work/second.log") >"$work/diff.txt" ||
   { cat "$work/diff.txt"; fail "the resumed loss curve differs"; }
@@ -41,8 +43,8 @@ kill -TERM $pid
 wait $pid
 rc=$?
 ((rc == 0)) || fail "SIGTERM: exit status $rc"
-grep -q "stopped by a signal after step" "$work/term.log" || fail "SIGTERM: no stop message"
-stopped=$(sed -nE 's/.*stopped by a signal after step ([0-9]+).*/\1/p' "$work/term.log")
+grep -q "stopped after step [0-9]* (SIGTERM)" "$work/term.log" || fail "SIGTERM: no stop message naming SIGTERM"
+stopped=$(sed -nE 's/.*stopped after step ([0-9]+) \(SIGTERM\).*/\1/p' "$work/term.log")
 "${train[@]}" --steps $((stopped + 2)) --out "$work/term" --save-dir "$work/ck2" --resume >"$work/term2.log" ||
   fail "resume after SIGTERM"
 grep -q "resumed from .* at step $stopped" "$work/term2.log" || fail "SIGTERM: did not resume at step $stopped"

@@ -21,6 +21,7 @@
 #include "autograd/profiler.h"
 #include "core/cuda_context.h"
 #include "distributed/ddp.h"
+#include "examples/common/cli.h"
 #include "examples/gpt/trainer.h"
 #include "ops/backends.h"
 #include "ops/nn/gpt.h"
@@ -37,27 +38,25 @@ using bench::median;
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time a GPT training step and measure its peak memory per checkpointing mode"};
+  example::setup(app, "gpt_step");
+  example::PlacementFlags placement_flags;
   mt::nn::GPTConfig config;
   config.vocab_size = 50304;
   int64_t batch = 16, seq = 1024, warmup = 3, steps = 10, lora_r = 8;
-  std::string device_name = "cuda", modes = "off,blocks,selective", targets = "c_attn", amp = "bf16";
-  app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
+  std::string modes = "off,blocks,selective", targets = "c_attn";
+  placement_flags.add_to(app);
   app.add_option("--layers", config.n_layer, "blocks")->capture_default_str();
   app.add_option("--heads", config.n_head, "attention heads")->capture_default_str();
   app.add_option("--embd", config.n_embd, "width")->capture_default_str();
   app.add_option("--vocab", config.vocab_size, "vocabulary")->capture_default_str();
   app.add_option("--batch", batch, "sequences per step")->capture_default_str();
   app.add_option("--seq-len", seq, "tokens per sequence")->capture_default_str();
-  app.add_option("--amp", amp, "off, bf16 or fp16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"off", "bf16", "fp16"}));
   app.add_option("--lora-r", lora_r, "LoRA rank (0: train every parameter)")->capture_default_str();
   app.add_option("--lora-targets", targets, "LoRA target modules")->capture_default_str();
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(example::positive());
   bool cuda_graph = false;
   app.add_flag("--cuda-graph", cuda_graph,
                "capture each mode's step in a CUDA Graph after warm-up and replay it (one GPU, no dropout)");
@@ -66,12 +65,12 @@ int main(int argc, char** argv) {
                  "under mpirun: overlapped (DistributedDataParallel::step, the update of the early buckets "
                  "hides the last all-reduce) or after (synchronize, then the optimizer)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"overlapped", "after"}));
+      ->check(example::one_of({"overlapped", "after"}));
   int64_t head_chunk_rows = 0;
   app.add_option("--head-chunk-rows", head_chunk_rows,
                  "rows of logits the fused LM head forms at a time (0: linear_cross_entropy's default)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(example::non_negative());
   bool unfused = false;
   app.add_flag("--unfused", unfused,
                "separate add, layer_norm, linear_gelu and linear ops in place of add_layer_norm and mlp_gelu "
@@ -91,13 +90,11 @@ int main(int argc, char** argv) {
   mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
-    const bool distributed = mt::dist::ProcessGroup::launched_by_mpi();
-    mt::dist::ProcessGroup* group = distributed ? &mt::dist::ProcessGroup::init() : nullptr;
-    const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
-    const mt::Device device = group && device_name == "cuda"
-                                  ? mt::cuda_device(group->local_rank() % mt::cuda::device_count())
-                                  : mt::Device(device_name);
-    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
+    const example::Placement placement = placement_flags.resolve();
+    mt::dist::ProcessGroup* group = placement.group;
+    const int rank = placement.rank(), world = placement.world_size();
+    const mt::Device device = placement.device;
+    const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
     config.n_positions = seq;
     mt::Generator init(0);
@@ -132,8 +129,8 @@ int main(int argc, char** argv) {
                                .to(mt::DType::i64)
                                .to(device);
     const mt::Tensor x = ids.slice(1, 0, seq), y = ids.slice(1, 1, seq + 1);
-    const bool autocast = amp != "off";
-    const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
+    const bool autocast = placement.amp.has_value();
+    const mt::DType low = placement.amp.value_or(mt::DType::bf16);
     auto sync = [&] {
       if (device.is_cuda()) mt::cuda::synchronize_device(device.index);
     };

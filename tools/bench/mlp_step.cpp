@@ -18,6 +18,7 @@
 
 #include "autograd/profiler.h"
 #include "core/cuda_context.h"
+#include "examples/common/cli.h"
 #include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
@@ -53,20 +54,20 @@ using bench::median;
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time the small-MLP training step (launch-bound)"};
-  std::string device_name = "cuda";
+  example::setup(app, "mlp_step");
+  example::PlacementFlags placement_flags;
   int64_t width = 1024, layers = 4, batch = 64, warmup = 20, steps = 200, repeats = 5, profile_steps = 0;
   double gemm_tflops = 766, copy_tbps = 4.14;
-  app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
+  placement_flags.add_to(app, example::AmpFlag::without);  // fp16 autocast with loss scaling, always
   app.add_option("--width", width, "features of every layer")->capture_default_str();
   app.add_option("--layers", layers, "Linear layers (GELU between them)")->capture_default_str();
   app.add_option("--batch", batch, "rows per step")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
-  app.add_option("--steps", steps, "steps per timed span")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "steps per timed span")->capture_default_str()->check(example::positive());
   app.add_option("--repeats", repeats, "timed spans (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(example::positive());
   app.add_option("--profile", profile_steps, "then profile this many steps op by op (0: none)")->capture_default_str();
   bool cuda_graph = false;
   app.add_flag("--cuda-graph", cuda_graph, "capture the step in a CUDA Graph after warm-up and replay it");
@@ -86,7 +87,7 @@ int main(int argc, char** argv) {
   mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
-    const mt::Device device(device_name);
+    const mt::Device device = example::resolve_device(placement_flags.device, /*group=*/nullptr);
     mt::Generator init(0);
     Mlp model(width, layers, &init);
     model.to(device);

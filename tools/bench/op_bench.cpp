@@ -56,6 +56,7 @@
 
 #include "autograd/engine.h"
 #include "core/cuda_context.h"
+#include "examples/common/cli.h"
 #include "examples/gpt/trainer.h"
 #include "ops/backends.h"
 #include "ops/ops.h"
@@ -516,63 +517,64 @@ CLI::Validator known_ops() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Time single ops (GEMM, layer norm, attention, cross-entropy, AdamW) against their floors"};
-  std::string device_name = "cuda", dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
+  example::setup(app, "op_bench");
+  example::PlacementFlags placement_flags;
+  std::string dtype_name = "bf16", adamw_dtype_name = "f32", ops_text;
   for (const std::string& op : kOps) ops_text += (ops_text.empty() ? "" : ",") + op;
   Shapes s;
   int64_t warmup = 5, iters = 50, sets = 4, graph_runs = 32, rate_size = 8192, copy_mib = 1024;
   bool eager = false;
-  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
+  placement_flags.add_to(app, example::AmpFlag::without);  // --dtype instead
   app.add_option("--dtype", dtype_name, "the ops' dtype")
       ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+      ->check(example::one_of({"bf16", "f16", "f32"}));
   app.add_option("--warmup", warmup, "untimed iterations per op")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   app.add_option("--iters", iters, "timed iterations per op (the median is printed)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--sets", sets, "input sets per op, used in turn (AdamW always one)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--graph-runs", graph_runs,
                  "CUDA graphs: the fewest runs of an op per captured graph (its sets repeated), so that a "
                  "replay's own launch is spread over them")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_flag("--eager", eager, "time each run between events, launch gaps included, instead of graph replays");
   app.add_option("--ops", ops_text, "comma-separated ops to run")->capture_default_str()->check(known_ops());
   app.add_option("--rows", s.rows, "rows (B * T) of gemm, layer_norm and cross_entropy")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--ce-chunk-rows", s.ce_chunk_rows,
                  "cross_entropy's rows of logits at a time (0: linear_cross_entropy's default)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
-  app.add_option("--width", s.width, "model width C")->capture_default_str()->check(gpt_example::positive());
-  app.add_option("--batch", s.batch, "attention batch B")->capture_default_str()->check(gpt_example::positive());
+      ->check(example::non_negative());
+  app.add_option("--width", s.width, "model width C")->capture_default_str()->check(example::positive());
+  app.add_option("--batch", s.batch, "attention batch B")->capture_default_str()->check(example::positive());
   app.add_option("--seq", s.seq, "attention sequence length T (also wpe's rows in adamw)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--heads", s.heads, "attention heads H (head size width / heads)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--vocab", s.vocab, "vocabulary V of cross_entropy and adamw")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--layers", s.layers, "GPT-2 blocks in adamw's parameter set")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--adamw-dtype", adamw_dtype_name, "adamw's parameter and gradient dtype")
       ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+      ->check(example::one_of({"bf16", "f16", "f32"}));
   app.add_option("--rate-size", rate_size, "M = N = K of the GEMM-rate probe")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   app.add_option("--copy-mib", copy_mib, "MiB copied by the bandwidth probe")
       ->capture_default_str()
-      ->check(gpt_example::positive());
+      ->check(example::positive());
   bool gemm_autotune = false;
   app.add_flag("--gemm-autotune", gemm_autotune,
                "time cuBLASLt's best few algorithms for each GEMM problem and keep the fastest "
@@ -586,8 +588,7 @@ int main(int argc, char** argv) {
                            std::find(ops.begin(), ops.end(), "attention_bthd") != ops.end();
     MT_CHECK(!attention || s.width % s.heads == 0, "--width ", s.width, " is not a multiple of --heads ", s.heads,
              " (attention's head size is width / heads)");
-    const mt::Device device(device_name);
-    if (device.is_cuda()) mt::cuda::set_current_device(device.index);
+    const mt::Device device = example::resolve_device(placement_flags.device, /*group=*/nullptr);
     const mt::DType dtype = mt::parse_dtype(dtype_name), adamw_dtype = mt::parse_dtype(adamw_dtype_name);
     const Timing timing{device, warmup, iters, sets, graph_runs, /*graph=*/!eager};
 

@@ -11,14 +11,15 @@
 #include <cstdio>
 
 #include "core/safetensors.h"
+#include "examples/common/cli.h"
 #include "examples/gpt/trainer.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Logits of a Hugging Face GPT-2 checkpoint computed by mixtrain (f32)"};
+  example::setup(app, "gpt_logits");
   std::string model_dir, ids_path, out_path, device_name = "cpu", adapter_dir, targets = "c_attn,c_proj,c_fc";
   mt::nn::LoRAOptions lora;
   uint64_t seed = 0;

@@ -21,6 +21,7 @@
 
 #include "core/cuda_context.h"
 #include "core/safetensors.h"
+#include "examples/common/cli.h"
 #include "examples/gpt/trainer.h"
 #include "ops/nn/gpt.h"
 #include "ops/ops.h"
@@ -51,8 +52,8 @@ mt::Tensor load_batches(const std::string& path, int64_t vocab_size, int64_t n_p
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines keep their order with stderr in one file
   CLI::App app{"Train a Hugging Face GPT-2 checkpoint on given batches and print every step's loss"};
+  example::setup(app, "gpt_train_steps");
   std::string model_dir, batches_path, device_name = "cpu", amp = "off";
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 0;
   std::string schedule = "constant";
@@ -64,25 +65,25 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
   app.add_option("--amp", amp, "autocast: off, bf16 or fp16 (fp16 without a loss scaler)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"off", "bf16", "fp16"}));
+      ->check(example::one_of({"off", "bf16", "fp16"}));
   app.add_option("--lr", lr, "learning rate (the peak of warmup-cosine)")
       ->capture_default_str()
-      ->check(gpt_example::positive());
-  app.add_option("--beta1", beta1, "AdamW beta1")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
-  app.add_option("--beta2", beta2, "AdamW beta2")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
-  app.add_option("--eps", eps, "AdamW epsilon")->capture_default_str()->check(gpt_example::positive());
+      ->check(example::positive());
+  app.add_option("--beta1", beta1, "AdamW beta1")->capture_default_str()->check(example::range(0.0, 0.999999));
+  app.add_option("--beta2", beta2, "AdamW beta2")->capture_default_str()->check(example::range(0.0, 0.999999));
+  app.add_option("--eps", eps, "AdamW epsilon")->capture_default_str()->check(example::positive());
   app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay, on every parameter")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   app.add_option("--schedule", schedule, "constant, or warmup-cosine (linear warm-up, then a half cosine to 0)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"constant", "warmup-cosine"}));
+      ->check(example::one_of({"constant", "warmup-cosine"}));
   app.add_option("--warmup", warmup, "warm-up steps of warmup-cosine")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   app.add_option("--clip", clip, "largest global gradient norm (0: no clipping)")
       ->capture_default_str()
-      ->check(gpt_example::non_negative());
+      ->check(example::non_negative());
   CLI11_PARSE(app, argc, argv);
   if (schedule == "constant" && warmup > 0) {
     std::fprintf(stderr, "gpt_train_steps: --warmup %lld needs --schedule warmup-cosine\n",
