@@ -33,7 +33,8 @@
 //
 // Note [Provided copies]
 // An optimizer that writes each f32 parameter's low-precision copy in the same pass as
-// its update (AdamWOptions::autocast_copies) hands the copy over with provide_copy();
+// its update (AdamWOptions::autocast_copies; the copies and their state are owned by one
+// mt::AutocastWeightCopies in optim/weight_copies.h) hands the copy over with provide_copy();
 // operand_copies then serves it in place of a cast, from region to region, while the
 // parameter is the same tensor with the same storage and version as when it was
 // provided. So a training step casts no weight: the copy costs the update 2 bytes a

@@ -14,20 +14,28 @@ namespace mt {
 
 namespace {
 DType moment_dtype(const Tensor& p) { return p.dtype() == DType::f64 ? DType::f64 : DType::f32; }
+
+size_t parameter_count(const std::vector<ParamGroup>& groups) {
+  size_t n = 0;
+  for (const ParamGroup& g : groups) n += g.params.size();
+  return n;
+}
 }  // namespace
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : AdamW({ParamGroup{std::move(params), options.lr(), options.weight_decay()}}, options) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
-    : Optimizer(std::move(groups)), options_(options) {
+    : Optimizer(std::move(groups)),
+      options_(options),
+      copies_(options.autocast_copies(), static_cast<const Optimizer*>(this), parameter_count(groups_)) {
   MT_CHECK(options.beta1() >= 0 && options.beta1() < 1 && options.beta2() >= 0 && options.beta2() < 1,
            "AdamW: betas must be in [0, 1), got (", options.beta1(), ", ", options.beta2(), ")");
   MT_CHECK(options.eps() >= 0, "AdamW: eps must be >= 0, got ", options.eps());
-  MT_CHECK_T(DTypeError, !options.autocast_copies() || is_half(*options.autocast_copies()),
-             "AdamW: autocast_copies must be f16 or bf16 (an autocast region's dtype), got ",
-             dtype_name(options.autocast_copies().value_or(DType::f32)));
+  size_t slots = 0;
   for (const ParamGroup& g : groups_) {
+    first_slot_.push_back(slots);
+    slots += g.params.size();
     std::vector<State> states;
     for (const Tensor& p : g.params) {
       MT_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
@@ -68,7 +76,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
   NoGradGuard no_grad;
   // Inside a capture, the copies are written only where it serves them: a CudaGraphStep that
   // has this optimizer prepare every replay (Note [Provided copies]).
-  const bool prepared_capture = autocast::serves_in_capture(provider());
+  const bool prepared_capture = copies_.prepared_capture();
   std::set<int> uploaded;  // devices whose rates this step has written
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& group = groups_[gi];
@@ -80,7 +88,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
     args.weight_decay = group.weight_decay;
     args.decoupled = options_.decoupled();
     std::map<int, std::vector<optim_kernels::AdamWTensors>> cuda_lists;  // device -> one fused update
-    std::vector<std::pair<Tensor, State*>> copies;  // parameters with an autocast copy, handed over once written
+    std::vector<std::pair<size_t, Tensor>> copied;  // (slot, parameter) with an autocast copy, handed over once written
     for (size_t pi = 0; pi < group.params.size(); ++pi) {
       const Tensor& p = group.params[pi];
       Tensor g = p.grad();
@@ -89,7 +97,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
                g.device().str(), " does not match its parameter ", shape_str(p.shape()), " on ", p.device().str());
       g = raw::contiguous(g.dtype() == p.dtype() ? g : raw::to(g, p.dtype()));
       State& s = state_[gi][pi];
-      const Tensor copy = autocast_copy_for(p, s, prepared_capture);
+      const Tensor copy = copies_.for_step(slot(gi, pi), p, prepared_capture);
       const optim_kernels::AdamWTensors tensors{p, g, s.exp_avg, s.exp_avg_sq, s.step, s.master, copy};
       if (p.is_cuda()) {
         cuda_lists[p.device().index].push_back(tensors);
@@ -99,14 +107,8 @@ void AdamW::step_unless(const Tensor& found_inf) {
       }
       p.bump_version();
       if (copy.defined()) {
-        // A graph that saved the old copy for its backward must not run on the new one: the
-        // version moves (copy_ moves it itself).
-        if (p.is_cuda()) {
-          copy.bump_version();  // the kernel below writes it as it updates p
-        } else {
-          copy.copy_(p);
-        }
-        copies.emplace_back(p, &s);
+        copies_.updated(slot(gi, pi), p);
+        copied.emplace_back(slot(gi, pi), p);
       }
     }
     for (const auto& [device, list] : cuda_lists) {
@@ -118,46 +120,8 @@ void AdamW::step_unless(const Tensor& found_inf) {
       device_args.lr_on_device = static_cast<const double*>(rates.data_ptr()) + gi;
       optim_kernels::adamw_cuda(list, device_args, found_inf);
     }
-    // Only now, with every update launched: a step that threw before its kernels must not leave
-    // autocast a copy that was never written (a first step's copy is new memory).
-    for (const auto& [p, s] : copies) provide_copy(p, *s);
+    for (const auto& [slot, p] : copied) copies_.hand_over(slot, p);
   }
-}
-
-void AdamW::provide_copy(const Tensor& p, State& s) const {
-  s.copy_version = p.version();
-  s.copy_storage = p.storage();
-  autocast::provide_copy(p, s.autocast_copy, provider());
-}
-
-const void* AdamW::provider() const { return static_cast<const Optimizer*>(this); }
-
-bool AdamW::copy_fits(const Tensor& p, const State& s) {
-  const Tensor& copy = s.autocast_copy;
-  return copy.defined() && p.dtype() == DType::f32 && p.shape() == copy.shape() && p.device() == copy.device();
-}
-
-bool AdamW::copy_current(const Tensor& p, const State& s) {
-  return p.version() == s.copy_version && s.copy_storage.lock() == p.storage();
-}
-
-Tensor AdamW::autocast_copy_for(const Tensor& p, State& s, bool prepared_capture) {
-  const std::optional<DType>& dtype = options_.autocast_copies();
-  if (!dtype || p.dtype() != DType::f32 || s.copies_off) return Tensor();
-  // Note [Provided copies]: a capture writes the copies only where its replays are prepared,
-  // and only into copies an eager step made (their memory must outlive the graph).
-  if (cuda::capturing() && (!prepared_capture || !s.autocast_copy.defined())) {
-    autocast::withdraw_copy(p, *dtype);
-    // The replays rewrite p and no copy: a graph that reads the copy needs it cast again
-    // before each of its replays. Replays that nobody prepares rewrite p whenever they run,
-    // so that from now on no copy of p can be known to be current outside a replay either:
-    // steps make none (the copy is kept only for graphs already captured to read).
-    s.recast_before_replay = true;
-    if (!prepared_capture) s.copies_off = true;
-    return Tensor();
-  }
-  if (!s.autocast_copy.defined()) s.autocast_copy = empty(p.shape(), TensorOptions().dtype(*dtype).device(p.device()));
-  return s.autocast_copy;
 }
 
 const Tensor& AdamW::rates_on(int device) {
@@ -182,47 +146,15 @@ void AdamW::upload_rates(const Tensor& rates) const {
 
 bool AdamW::prepare_replay() {
   for (const auto& [device, rates] : rates_on_device_) upload_rates(rates);
-  // Note [Provided copies]. The replay reads the copies and rewrites them beside the
-  // parameters. A copy is current while its parameter's version is the one it was written
-  // at; a parameter written since (a load, an in-place edit), or one that the captured step
-  // writes after its update (recast_before_replay), has its copy cast again here first. The
-  // replay moves no version: moved here, and the copies provided anew, so that what autocast
-  // serves and what saved tensors check describe the tensors as the replay leaves them; but
-  // not the copies of parameters the step writes after the update (an eager step after the
-  // replay casts those).
-  NoGradGuard no_grad;
   for (size_t g = 0; g < state_.size(); ++g) {
-    for (size_t i = 0; i < state_[g].size(); ++i) {
-      State& s = state_[g][i];
-      const Tensor& p = groups_[g].params[i];
-      if (!s.autocast_copy.defined()) continue;
-      if (!copy_fits(p, s)) {  // Module::to() gave the parameter another dtype or device: no copy now
-        autocast::withdraw_copy(p, s.autocast_copy.dtype());
-        s.autocast_copy = Tensor();
-        continue;
-      }
-      if (s.recast_before_replay || !copy_current(p, s)) s.autocast_copy.copy_(p);
-      p.bump_version();
-      s.autocast_copy.bump_version();
-      if (s.recast_before_replay) {
-        autocast::withdraw_copy(p, s.autocast_copy.dtype());
-      } else {
-        provide_copy(p, s);
-      }
-    }
+    for (size_t i = 0; i < state_[g].size(); ++i) copies_.prepare_replay(slot(g, i), groups_[g].params[i]);
   }
   return !rates_on_device_.empty();
 }
 
 void AdamW::after_capture() {
-  // A parameter whose version moved after its copy was provided in the capture is written
-  // by the captured step after its update: each replay leaves its copy behind. Once so, for
-  // good: another graph of this optimizer may still be replayed.
   for (size_t g = 0; g < state_.size(); ++g) {
-    for (size_t i = 0; i < state_[g].size(); ++i) {
-      State& s = state_[g][i];
-      if (s.autocast_copy.defined() && !copy_current(groups_[g].params[i], s)) s.recast_before_replay = true;
-    }
+    for (size_t i = 0; i < state_[g].size(); ++i) copies_.after_capture(slot(g, i), groups_[g].params[i]);
   }
 }
 

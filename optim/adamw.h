@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "optim/weight_copies.h"
 
 namespace mt {
 
@@ -91,17 +92,11 @@ class AdamW : public Optimizer {
     Tensor exp_avg, exp_avg_sq;  // f32 (f64 for f64 params), the parameter's shape
     Tensor step;                 // i64 [1] on the parameter's device: the bias-correction count
     Tensor master;               // f32 copy of an f16/bf16 parameter in master-weight mode, else undefined
-    Tensor autocast_copy;        // AdamWOptions::autocast_copies: made at the first step; not saved
-    // The parameter's storage and version when autocast_copy was last written.
-    std::weak_ptr<Storage> copy_storage;
-    uint64_t copy_version = 0;
-    // A captured step rewrites the parameter but not the copy (it writes the parameter after
-    // its update, or had no copy to write): the copy is cast again before every replay.
-    bool recast_before_replay = false;
-    // A capture that nobody prepares took the parameter's update: no step writes its copy again.
-    bool copies_off = false;
   };
   const State& state(size_t group, size_t index) const { return state_[group][index]; }
+  // The parameter's autocast copy (AdamWOptions::autocast_copies), undefined before its first
+  // step or without copies; not part of the saved state (it is the parameter, rounded).
+  const Tensor& autocast_copy(size_t group, size_t index) const { return copies_.copy(slot(group, index)); }
   std::map<std::string, Tensor> state_dict() const override;  // exp_avg, exp_avg_sq, step, master
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
@@ -110,22 +105,13 @@ class AdamW : public Optimizer {
   // refreshed before each step's kernels (not while a CUDA Graph captures: a replay must
   // read the rate of its moment, which prepare_replay() writes).
   const Tensor& rates_on(int device);
-  // The copy of p that this step writes for autocast (AdamWOptions::autocast_copies), made
-  // at its first step; undefined when p takes none, or inside a CUDA Graph capture that
-  // does not serve copies (autocast::ServeCopiesInCapture).
-  // prepared_capture: the step is being captured by a CudaGraphStep that prepares its replays.
-  Tensor autocast_copy_for(const Tensor& p, State& s, bool prepared_capture);
-  // Hands s's copy of p, now written, to autocast (Note [Provided copies]).
-  void provide_copy(const Tensor& p, State& s) const;
-  const void* provider() const;  // who provides the copies, as autocast knows it
-  // Whether s's copy still suits p: defined, and p still f32 of the copy's shape and device.
-  static bool copy_fits(const Tensor& p, const State& s);
-  // Whether s's copy was written from p as p is now (the same storage, at the same version).
-  static bool copy_current(const Tensor& p, const State& s);
   void upload_rates(const Tensor& rates) const;
+  size_t slot(size_t group, size_t index) const { return first_slot_[group] + index; }  // the copies' numbering
 
   AdamWOptions options_;
   std::vector<std::vector<State>> state_;
+  std::vector<size_t> first_slot_;  // per group: the slot of its first parameter
+  AutocastWeightCopies copies_;
   std::map<int, Tensor> rates_on_device_;
 };
 

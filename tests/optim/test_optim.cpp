@@ -273,8 +273,7 @@ void expect_autocast_copies_serve_the_next_forward(Device device) {
   }
   for (size_t k = 0; k < init.size(); ++k) {
     EXPECT_EQ(copied.params[k].to_vector<float>(), cast.params[k].to_vector<float>()) << "parameter " << k;
-    EXPECT_EQ(copied.opt->state(0, k).autocast_copy.to_vector<float>(),
-              cast.params[k].to(DType::bf16).to_vector<float>())
+    EXPECT_EQ(copied.opt->autocast_copy(0, k).to_vector<float>(), cast.params[k].to(DType::bf16).to_vector<float>())
         << "parameter " << k << "'s copy is its cast";
   }
 }
@@ -297,7 +296,7 @@ TEST(AdamW, CudaASkippedStepStillWritesTheCopies) {
   sum(mul(w, w)).backward();
   opt.step_unless(ones({1}, TensorOptions().device(cuda_device(0))));
   EXPECT_EQ(w.to_vector<float>(), before);
-  EXPECT_EQ(opt.state(0, 0).autocast_copy.to_vector<float>(), w.to(DType::f16).to_vector<float>());
+  EXPECT_EQ(opt.autocast_copy(0, 0).to_vector<float>(), w.to(DType::f16).to_vector<float>());
 }
 
 TEST(AdamW, AutocastCopiesMustBeAHalfDtype) {
