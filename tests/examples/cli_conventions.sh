@@ -13,13 +13,13 @@ ok() { echo "ok   $1"; passed=$((passed + 1)); }
 bad() { echo "FAIL $1"; failed=$((failed + 1)); }
 
 # default <flag> <value> <programs...>: each program's --help shows the flag with its default,
-# as CLI11 writes it ("  --keep INT:POSITIVE=3  checkpoints kept ...").
+# as CLI11 writes it: "  --keep INT:POSITIVE=3  ..." (CLI11 2.3) or "  --keep INT:POSITIVE [3]  ..." (2.4).
 default() {
   local flag=$1 value=$2 p line
   shift 2
   for p in "$@"; do
     line=$(grep -E -m 1 -- "^ +$flag( |$)" <<<"$("$p" --help 2>&1)")
-    if [[ "$line" =~ ^\ +$flag\ [^\ ]*=$value(\ |$) ]]; then
+    if [[ "$line" =~ ^\ +$flag\ [^\ ]*=$value(\ |$) || "$line" =~ ^\ +$flag\ [^\ ]*\ \[$value\](\ |$) ]]; then
       ok "$(basename "$p") $flag defaults to $value"
     else
       bad "$(basename "$p") $flag: expected the default $value; --help says '${line:-nothing}'"
