@@ -276,6 +276,14 @@ bool gemm_typed(const GemmProblem& p) {
   const Tensor& bias = p.epilogue.bias_vector();
   const Tensor& gelu_matrix = p.epilogue.pre_activation();
   const int64_t aux_ld = p.n;
+  // The GELU input matrix is cuBLASLt's aux operand (GELU_AUX_BIAS writes it, DGELU reads it): its
+  // ld must be a multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD), and gemm() hands
+  // us only single, 16-byte aligned f16/bf16 ones.
+  const auto check_gelu_matrix = [&](const char* epilogue_name) {
+    MT_INTERNAL_ASSERT(p.batch == 1 && !f64 && aux_ld % 8 == 0 && alignment_of(gelu_matrix.data_ptr()) >= 16,
+                       "matmul: the ", epilogue_name, " epilogue cannot take this pre-activation (ld ", aux_ld,
+                       ") for ", describe_problem(p));
+  };
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   switch (p.epilogue.kind()) {
     case Epilogue::none:
@@ -289,13 +297,10 @@ bool gemm_typed(const GemmProblem& p) {
       // The GELU's input matrix, our row-major [M, N], is cuBLASLt's column-major [N, M] with
       // ld N, like C^T: GELU_AUX_BIAS writes it (the f32 accumulator plus bias, rounded to C's
       // dtype, the aux type's default) and GELU(it) to C. Its ld must be a multiple of 8 and
-      // at least cuBLASLt's row count N (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
-      // gemm() hands us only such matrices, 16-byte aligned, in f16/bf16.
+      // at least cuBLASLt's row count N.
       // cuBLASLt's GELU is the tanh form (GPT-2's, fn::GeluTanh); the op contract's CUDA cases
       // for linear_gelu compare the two.
-      MT_INTERNAL_ASSERT(p.batch == 1 && !f64 && aux_ld % 8 == 0 && alignment_of(gelu_matrix.data_ptr()) >= 16,
-                         "matmul: the GELU epilogue cannot take this pre-activation (ld ", aux_ld, ") for ",
-                         describe_problem(p));
+      check_gelu_matrix("GELU");
       epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
       break;
     case Epilogue::gelu_backward:
@@ -307,9 +312,7 @@ bool gemm_typed(const GemmProblem& p) {
       // gradient through the bias pointer, but cublasLt.h does not say over which dimension it
       // reduces, and it would come in C's dtype: the first layer's bias gradient is a column sum
       // of dpre, in the parameter's dtype, as linear's is (GemmEpilogue::row_sums).
-      MT_INTERNAL_ASSERT(p.batch == 1 && !f64 && aux_ld % 8 == 0 && alignment_of(gelu_matrix.data_ptr()) >= 16,
-                         "matmul: the DGELU epilogue cannot take this pre-activation (ld ", aux_ld, ") for ",
-                         describe_problem(p));
+      check_gelu_matrix("DGELU");
       epilogue = CUBLASLT_EPILOGUE_DGELU;
       break;
     case Epilogue::row_sums:
