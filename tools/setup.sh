@@ -17,8 +17,11 @@ fi
 # clang builds the fuzz targets (tools/fuzz.sh): libclang-rt-dev holds libFuzzer and the sanitizer
 # runtimes (only recommended by clang, and recommends are not installed), libomp-dev is OpenMP for clang.
 # ccache lets tools/test.sh's second configuration reuse the first one's C++ objects (see there).
+# libprotobuf-dev and protobuf-compiler: TensorBoard event files (train/tensorboard.h; optional, the
+# build says when they are missing); python3-venv: .ci/run's venv with TensorBoard for checking them.
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev
-          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev ccache)
+          libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev ccache
+          libprotobuf-dev protobuf-compiler python3-venv)
 
 install_packages() {
   local missing=()
