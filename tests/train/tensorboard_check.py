@@ -5,7 +5,8 @@
 
 Every numeric key of every JSON line except "step" and "time" must be a scalar of that tag at that
 step in EVENTS_DIR, with the same value up to float32 rounding (relative 1e-6: TensorBoard stores a
-simple_value as a float, and the JSON text may carry fewer digits than the double it came from); no
+simple_value as a float, and the JSON text may carry fewer digits than the double it came from; a
+null, which is how the metrics file writes NaN and infinities, must be NaN or infinite there); no
 tag or step may appear in one and not the other, and none twice. The files are loaded with
 TensorBoard's EventAccumulator, orphaned-data purging on (its default), so a resumed run whose files
 repeat steps passes only if its SessionLog START makes TensorBoard drop the repeats. With --steps,
@@ -38,6 +39,8 @@ def read_jsonl(path):
                 continue
             step = record["step"]
             for key, value in record.items():
+                if value is None:  # how the metrics file writes NaN and infinities
+                    value = math.nan
                 if key in ("step", "time") or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
                 if step in scalars.setdefault(key, {}):
@@ -60,8 +63,10 @@ def read_events(events_dir, event_accumulator):
 
 
 def same(logged, shown):
-    if math.isnan(logged) or math.isnan(shown):
-        return math.isnan(logged) and math.isnan(shown)
+    if math.isnan(logged):  # null in the metrics file: NaN or an infinity in the event file
+        return not math.isfinite(shown)
+    if math.isnan(shown):
+        return False
     return math.isclose(logged, shown, rel_tol=REL_TOL, abs_tol=ABS_TOL)
 
 
@@ -106,7 +111,8 @@ def main(argv):
             problems.append(f"{tag!r}: steps {extra} in {events_dir} are not in {jsonl}")
         for step in sorted(set(want) & set(got)):
             if not same(want[step], got[step]):
-                problems.append(f"{tag!r} at step {step}: {want[step]!r} in {jsonl}, {got[step]!r} in {events_dir}")
+                logged_text = "null" if math.isnan(want[step]) else repr(want[step])
+                problems.append(f"{tag!r} at step {step}: {logged_text} in {jsonl}, {got[step]!r} in {events_dir}")
             count += 1
             steps.add(step)
     if expected_steps is not None and steps != expected_steps:
