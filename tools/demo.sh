@@ -63,13 +63,25 @@ echo "demo.sh: === 1. tokenize (bytes) ==="
 echo "demo.sh: === 2. pretrain a GPT on the licences ($device) ==="
 "$bin/gpt_train" --data "$work/licences.tok" --val-data "$work/licences_val.tok" --out "$work/model" \
   "${model[@]}" --seq-len "$seq" --batch-size "$batch" --steps "$pre_steps" --lr 2e-3 \
-  --log-every $((pre_steps / 10)) --prompt "This License " --sample-tokens 160 "$@"
+  --log-every $((pre_steps / 10)) --prompt "This License " --sample-tokens 160 --metrics "$work/pretrain.jsonl" "$@"
 
 echo "demo.sh: === 3. LoRA fine-tune it on Perl source ==="
 "$bin/gpt_lora" --base "$work/model" --data "$work/perl.tok" --val-data "$work/perl_val.tok" \
   --adapter-out "$work/adapter" --r 8 --alpha 16 --targets c_attn,c_proj,c_fc --seq-len "$seq" \
   --batch-size "$batch" --steps "$lora_steps" --lr 3e-3 --log-every $((lora_steps / 10)) \
-  --prompt "sub " --sample-tokens 160 "$@"
+  --prompt "sub " --sample-tokens 160 --metrics "$work/lora.jsonl" "$@"
+
+# Both runs' loss, learning rate, throughput and memory in one picture. matplotlib is optional
+# (tools/setup.sh installs it where it can): without it the demo says how to get it and goes on.
+plot="$work/metrics.png"
+if ! command -v python3 >/dev/null; then
+  echo "demo.sh: no metrics plot: python3 is not installed (apt-get install python3 python3-matplotlib)"
+elif tools/plot_metrics.py "$work/pretrain.jsonl" "$work/lora.jsonl" -o "$plot" \
+     --title "mixtrain demo ($device): pretraining and LoRA fine-tuning" >/dev/null 2>"$work/plot_metrics.err"; then
+  echo "demo.sh: metrics plot: $plot"
+else
+  echo "demo.sh: no metrics plot: $(cat "$work/plot_metrics.err")"
+fi
 
 echo "demo.sh: model in $work/model, adapter in $work/adapter; sample again with"
 echo "  $bin/gpt_generate --model $work/model --adapter $work/adapter --prompt 'sub '"

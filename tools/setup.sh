@@ -19,9 +19,10 @@ fi
 # ccache lets tools/test.sh's second configuration reuse the first one's C++ objects (see there).
 # libprotobuf-dev and protobuf-compiler: TensorBoard event files (train/tensorboard.h; optional, the
 # build says when they are missing); python3-venv: .ci/run's venv with TensorBoard for checking them.
+# python3-matplotlib (Debian's package) draws tools/plot_metrics.py's plots of the metrics files.
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev ccache
-          libprotobuf-dev protobuf-compiler python3-venv)
+          libprotobuf-dev protobuf-compiler python3-venv python3-matplotlib)
 
 install_packages() {
   local missing=()
