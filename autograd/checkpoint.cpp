@@ -7,7 +7,9 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/profiler.h"
 #include "core/cuda_context.h"
+#include "core/nvtx.h"
 #include "core/random.h"
 
 namespace mt {
@@ -41,6 +43,25 @@ struct AutocastState {
     return {autocast::is_enabled(DeviceType::cpu), autocast::is_enabled(DeviceType::cuda),
             autocast::dtype(DeviceType::cpu), autocast::dtype(DeviceType::cuda)};
   }
+};
+
+// The module scope the segment was recorded in, open again while it is recomputed (when a
+// profiler is active), so that OpProfiler::module_rows() charges the recomputed ops outside the
+// segment's submodules (a block's residual adds, an attention core) to the module whose forward
+// ran them, as in the forward.
+class ModuleScopeAgain {
+ public:
+  explicit ModuleScopeAgain(const std::string* module) : open_(module != nullptr && OpProfiler::active()) {
+    if (open_) OpProfiler::push_module(*module);
+  }
+  ~ModuleScopeAgain() {
+    if (open_) OpProfiler::pop_module();
+  }
+  ModuleScopeAgain(const ModuleScopeAgain&) = delete;
+  ModuleScopeAgain& operator=(const ModuleScopeAgain&) = delete;
+
+ private:
+  bool open_;
 };
 
 class CheckpointBackward : public autograd::Node {
@@ -99,6 +120,8 @@ class CheckpointBackward : public autograd::Node {
     rng_.restore();
     std::vector<Tensor> outputs;
     try {
+      const nvtx::Range range("checkpoint recompute");
+      const ModuleScopeAgain scope(profiler_module);
       GradModeGuard grad_on(true);
       AutocastGuard cpu(DeviceType::cpu, autocast_.cpu_dtype, autocast_.cpu_enabled);
       AutocastGuard cuda(DeviceType::cuda, autocast_.cuda_dtype, autocast_.cuda_enabled);

@@ -23,6 +23,7 @@
 // - Inputs must not be modified in place between forward and backward (caught, as for any
 //   saved tensor).
 // Under NoGradGuard (evaluation) checkpoint just calls fn.
+// The recomputation is a range named "checkpoint recompute" (core/nvtx.h) while ranges are on.
 #pragma once
 
 #include <functional>

@@ -174,7 +174,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     } else {
       out = run();
     }
-    if (profiling) OpProfiler::mark("backward " + node->name());
+    if (profiling) OpProfiler::mark("backward " + node->name(), node->profiler_module);
     if (!retain_graph) {
       node->release_saved();
       if (dynamic_cast<AccumulateGrad*>(node) == nullptr) node->released = true;

@@ -159,7 +159,10 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
     node->output_meta.push_back(TensorMeta::of(out));
   }
   anomaly::check_forward_outputs(*node, outputs);
-  if (OpProfiler::active()) OpProfiler::mark("forward " + forward_op_name(*node));
+  if (OpProfiler::active()) {
+    node->profiler_module = OpProfiler::current_module();
+    OpProfiler::mark("forward " + forward_op_name(*node), node->profiler_module);
+  }
 }
 
 std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) {

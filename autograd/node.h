@@ -93,6 +93,10 @@ class Node : public std::enable_shared_from_this<Node> {
   bool released = false;
   bool has_stream = false;
   cuda::Stream stream;  // the stream the forward ran on (CUDA inputs); backward runs there
+  // The module scope open when the forward recorded this node (an interned path, see
+  // OpProfiler::current_module), set only while an OpProfiler is active: module_rows() charges
+  // the node's backward to it. Null otherwise, or outside every module.
+  const std::string* profiler_module = nullptr;
 };
 
 // The forward op's name from its backward node's ("logBackward" -> "log").
