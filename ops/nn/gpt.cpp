@@ -193,6 +193,7 @@ GPTBody::GPTBody(const GPTConfig& config, Generator* generator) : dropout(config
 }
 
 Tensor GPTBody::forward(const Tensor& ids) const {
+  const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, ids.dim() == 2, "GPT: expected ids [B, T], got ", shape_str(ids.shape()));
   const int64_t T = ids.size(1);
   MT_CHECK_T(ShapeError, T >= 1 && T <= wpe->weight.size(0), "GPT: sequence length ", T,
@@ -258,10 +259,12 @@ void GPT::set_fused_ops(bool on) {
 }
 
 Tensor GPT::forward(const Tensor& ids) const {
+  const auto scope = trace_scope();
   return linear(transformer->forward(ids), transformer->wte->weight);  // tied LM head: [B, T, V]
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
+  const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
              " must have the shape of ids ", shape_str(ids.shape()));
   // The tied head and the loss fused: the [B*T, V] logits exist one chunk at a time.

@@ -33,14 +33,20 @@ Linear::Linear(const Tensor& weight_, const Tensor& bias_) {
   if (bias_.defined()) bias = register_parameter("bias", bias_);
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return linear(x, weight, bias);
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {
   MT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings, " x ", dim);
   weight = register_parameter("weight", randn({num_embeddings, dim}, {}, generator));
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  const auto scope = trace_scope();
+  return embedding(weight, ids);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   MT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
@@ -49,6 +55,11 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return normalize(x);
+}
+
+Tensor LayerNorm::normalize(const Tensor& x) const {
   const DeviceType device = x.device().type;
   if (output_in_autocast_dtype && autocast::is_enabled(device)) {
     return layer_norm(x, weight, bias, eps, autocast::dtype(device));
@@ -57,9 +68,10 @@ Tensor LayerNorm::forward(const Tensor& x) const {
 }
 
 AddNorm LayerNorm::forward_add(const Tensor& x, const Tensor& delta) const {
+  const auto scope = trace_scope();
   if (!fuse_add) {
     const Tensor sum = add(x, delta);
-    return {sum, forward(sum)};
+    return {sum, normalize(sum)};
   }
   const DeviceType device = x.device().type;
   if (output_in_autocast_dtype && autocast::is_enabled(device)) {
@@ -70,6 +82,9 @@ AddNorm LayerNorm::forward_add(const Tensor& x, const Tensor& delta) const {
 
 Dropout::Dropout(double p_) : p(p_) { MT_CHECK(p >= 0 && p <= 1, "Dropout: p must lie in [0, 1], got ", p); }
 
-Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return dropout(x, p, is_training());
+}
 
 }  // namespace mt::nn

@@ -65,6 +65,9 @@ class LayerNorm : public Module {
   // autocast a half x is added in its own dtype by add() but widened by add_layer_norm), so that a
   // benchmark can show what the fusion buys (GPT::set_fused_ops).
   bool fuse_add = true;
+
+ private:
+  Tensor normalize(const Tensor& x) const;  // forward() without its trace scope
 };
 
 // Zeroes elements with probability p while training; the identity in eval mode.

@@ -282,6 +282,7 @@ LoRALinear::LoRALinear(const Linear& base, const LoRAOptions& options, std::stri
 }
 
 Tensor LoRALinear::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
   if (merged_) return linear(x, weight, bias);                   // [..., out]
   const Tensor h = dropout(x, options_.dropout, is_training());  // x itself when p = 0 or in eval
   // One op: the adapter's product is added onto the base's output by its last GEMM.

@@ -1,6 +1,11 @@
 #include "ops/nn/module.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
 #include <set>
+#include <typeinfo>
+#include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "core/safetensors.h"
@@ -22,7 +27,52 @@ void set_data(const Tensor& t, const Tensor& src) {
   t.bump_version();
 }
 
+// The type's name without its namespaces: "mt::nn::Linear" -> "Linear".
+std::string type_name(const std::type_info& type) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : type.name();
+  std::free(demangled);
+  const size_t colons = name.rfind("::", name.find('<'));
+  return colons == std::string::npos ? name : name.substr(colons + 2);
+}
+
 }  // namespace
+
+void TraceScope::open(const Module& module) {
+  opened_ = true;
+  const std::string& name = module.trace_name();
+  if (nvtx::enabled()) range_.emplace(name);
+  if (OpProfiler::active()) {
+    OpProfiler::push_module(name);
+    profiled_ = true;
+  }
+}
+
+void TraceScope::close() {
+  if (profiled_) OpProfiler::pop_module();
+  range_.reset();
+}
+
+const std::string& Module::trace_name() const {
+  std::call_once(trace_name_once_, [this] {
+    if (trace_name_.empty()) trace_name_ = type_name(typeid(*this));
+  });
+  return trace_name_;
+}
+
+void Module::set_trace_name(std::string name) {
+  MT_CHECK(!name.empty(), "Module::set_trace_name: the name is empty");
+  trace_name_ = std::move(name);
+}
+
+void name_modules_for_tracing(Module& root, const std::string& root_name) {
+  root.set_trace_name(root_name);
+  std::unordered_set<const Module*> named{&root};
+  for (const auto& [path, module] : root.named_modules()) {
+    if (named.insert(module.get()).second) module->set_trace_name(root_name + "." + path);
+  }
+}
 
 void Module::check_new_name(const std::string& name) const {
   MT_CHECK(!name.empty() && name.find('.') == std::string::npos, "Module: invalid name '", name,

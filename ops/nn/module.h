@@ -14,19 +14,53 @@
 // to(device) / to(dtype) change a parameter's data in place (Tensor handles held
 // by the module's members stay valid, requires_grad is kept). state_dict() is the
 // name -> tensor map that save()/load() write as safetensors.
+//
+// Tracing: each module's forward opens `const auto scope = trace_scope();` first thing. While NVTX
+// ranges are on (core/nvtx.h: MT_NVTX=1, a host trace) that is a range named by trace_name(); while
+// an OpProfiler is active it is the module scope that OpProfiler::module_rows() charges to. Off,
+// it reads two flags and does nothing else. trace_name() is the module's dotted path once
+// name_modules_for_tracing() has named the tree ("gpt", "gpt.transformer.h.0.attn"), else its
+// type's name ("Linear").
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "autograd/profiler.h"
 #include "core/error.h"
+#include "core/nvtx.h"
 #include "core/tensor.h"
 
 namespace mt::nn {
+
+class Module;
+
+// The scope a module's forward opens (Module::trace_scope). Not copyable or movable: it is made
+// where it is used and closes at the end of that block.
+class TraceScope {
+ public:
+  explicit TraceScope(const Module& module) {
+    if (nvtx::enabled() || OpProfiler::active()) open(module);
+  }
+  ~TraceScope() {
+    if (opened_) close();
+  }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  void open(const Module& module);
+  void close();
+  std::optional<nvtx::Range> range_;
+  bool profiled_ = false;  // pushed a module scope for the profiler
+  bool opened_ = false;
+};
 
 class Module {
  public:
@@ -67,6 +101,13 @@ class Module {
   // registered with a member slot, and `module` must fit that slot's type.
   void replace_module(const std::string& name, std::shared_ptr<Module> module);
 
+  // ---- tracing ----
+  // Ranges and profiler rows carry this name: the one set_trace_name() or
+  // name_modules_for_tracing() gave, else the type's name without its namespace ("Linear").
+  const std::string& trace_name() const;
+  void set_trace_name(std::string name);
+  TraceScope trace_scope() const { return TraceScope(*this); }
+
  protected:
   const Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
   const Tensor& register_buffer(const std::string& name, Tensor tensor);
@@ -104,7 +145,17 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<Child> children_;
   bool training_ = true;
+  // Filled on first use with the type's name unless a name was set: the dynamic type is only
+  // known once the derived constructor has run.
+  mutable std::string trace_name_;
+  mutable std::once_flag trace_name_once_;
 };
+
+// Names `root` and every module below it for tracing by their dotted paths under `root_name`:
+// name_modules_for_tracing(model, "gpt") names the model "gpt" and its modules "gpt.transformer",
+// "gpt.transformer.h.0", "gpt.transformer.h.0.attn.c_attn", ... (named_modules() order). A module
+// reached by two paths keeps the first. Call it again after swapping modules (apply_lora).
+void name_modules_for_tracing(Module& root, const std::string& root_name);
 
 // An ordered list of children named "0", "1", ... (torch.nn.ModuleList), for
 // paths such as "h.3.attn.c_attn" that match Hugging Face's.

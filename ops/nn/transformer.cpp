@@ -18,6 +18,11 @@ MLP::MLP(const TransformerShape& shape, Generator* generator) : dropout(shape.dr
 }
 
 Tensor MLP::hidden(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return hidden_in_scope(x);
+}
+
+Tensor MLP::hidden_in_scope(const Tensor& x) const {
   // Only a Linear itself: a subclass in c_fc's place (LoRALinear) computes its own forward.
   const Linear& fc = *c_fc;
   if (typeid(fc) == typeid(Linear) && fc.bias.defined()) return linear_gelu(x, fc.weight, fc.bias);
@@ -25,6 +30,7 @@ Tensor MLP::hidden(const Tensor& x) const {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
   // Both layers plain Linears with biases: one mlp_gelu, whose backward forms the GELU's
   // derivative in the second layer's input-gradient GEMM. Otherwise (a LoRALinear or another
   // subclass in either place, a missing bias) each layer's own forward.
@@ -32,7 +38,7 @@ Tensor MLP::forward(const Tensor& x) const {
   const bool plain = typeid(fc) == typeid(Linear) && typeid(proj) == typeid(Linear);
   const Tensor y = fused && plain && fc.bias.defined() && proj.bias.defined()
                        ? mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias)
-                       : c_proj->forward(hidden(x));
+                       : c_proj->forward(hidden_in_scope(x));
   return mt::dropout(y, dropout, is_training());
 }
 
@@ -45,6 +51,7 @@ CausalSelfAttention::CausalSelfAttention(const TransformerShape& shape, Generato
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, x.dim() == 3, "CausalSelfAttention: expected x [B, T, C], got ", shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
   const std::vector<Tensor> qkv = split(c_attn->forward(x), C, /*dim=*/2);                       // 3 x [B, T, C]
@@ -70,17 +77,24 @@ Block::Block(const TransformerShape& shape, Generator* generator) {
 }
 
 Tensor Block::forward(const Tensor& x) const {
-  const Residual out = forward_residual(x, Tensor());
+  const auto scope = trace_scope();
+  const Residual out = residual_in_scope(x, Tensor());
   return add(out.stream, out.delta);
 }
 
 Block::Residual Block::forward_residual(const Tensor& x, const Tensor& pending) const {
+  const auto scope = trace_scope();
+  return residual_in_scope(x, pending);
+}
+
+Block::Residual Block::residual_in_scope(const Tensor& x, const Tensor& pending) const {
   const AddNorm in = pending.defined() ? ln_1->forward_add(x, pending) : AddNorm{x, ln_1->forward(x)};
   const AddNorm mid = ln_2->forward_add(in.sum, attn->forward(in.normed));  // h = x + attn, ln_2(h)
   return {mid.sum, mlp->forward(mid.normed)};
 }
 
 Tensor Block::forward_checkpointed(const Tensor& x) const {
+  const auto scope = trace_scope();
   bool projection_trains = false;
   for (const Tensor& p : mlp->c_proj->parameters()) projection_trains = projection_trains || p.requires_grad();
   // The segments hold the submodules themselves (not this block), so a recompute never reaches

@@ -44,6 +44,9 @@ class MLP : public Module {
   double dropout;
   // Off: never one mlp_gelu, always c_proj's forward of hidden(x) (GPT::set_fused_ops).
   bool fused = true;
+
+ private:
+  Tensor hidden_in_scope(const Tensor& x) const;  // hidden() inside a scope already open
 };
 
 class CausalSelfAttention : public Module {
@@ -82,6 +85,9 @@ class Block : public Module {
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<LayerNorm> ln_2;
   std::shared_ptr<MLP> mlp;
+
+ private:
+  Residual residual_in_scope(const Tensor& x, const Tensor& pending) const;
 };
 
 }  // namespace mt::nn
