@@ -60,8 +60,13 @@ double ConstantLR::factor(int64_t step) const { return step < total_iters_ ? fac
 
 // ---- WarmupCosineLR ----
 
-WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr_ratio)
-    : LRScheduler(optimizer), warmup_steps_(warmup_steps), total_steps_(total_steps), min_lr_ratio_(min_lr_ratio) {
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr_ratio,
+                               WarmupStart start)
+    : LRScheduler(optimizer),
+      warmup_steps_(warmup_steps),
+      total_steps_(total_steps),
+      min_lr_ratio_(min_lr_ratio),
+      start_(start) {
   MT_CHECK(warmup_steps >= 0, "WarmupCosineLR: warmup_steps must be >= 0, got ", warmup_steps);
   MT_CHECK(total_steps > 0, "WarmupCosineLR: total_steps must be > 0, got ", total_steps);
   MT_CHECK(warmup_steps <= total_steps, "WarmupCosineLR: warmup_steps (", warmup_steps,
@@ -72,7 +77,12 @@ WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64
 }
 
 double WarmupCosineLR::factor(int64_t step) const {
-  if (step < warmup_steps_) return static_cast<double>(step) / static_cast<double>(warmup_steps_);
+  if (step < warmup_steps_) {
+    if (start_ == WarmupStart::above_zero) {
+      return static_cast<double>(step + 1) / static_cast<double>(warmup_steps_ + 1);
+    }
+    return static_cast<double>(step) / static_cast<double>(warmup_steps_);
+  }
   if (step >= total_steps_) return min_lr_ratio_;
   const double kPi = 3.14159265358979323846;
   const double progress = static_cast<double>(step - warmup_steps_) / static_cast<double>(total_steps_ - warmup_steps_);

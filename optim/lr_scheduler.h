@@ -74,15 +74,21 @@ class ConstantLR : public LRScheduler {
 //   s < W:       factor = s / W
 //   W <= s < N:  factor = r + (1 - r) * (1 + cos(pi * (s - W) / (N - W))) / 2
 //   s >= N:      factor = r
-// Step 0 has lr 0 when W > 0, as in HF (the first optimizer step does not move).
+// Step 0 has lr 0 when W > 0, as in HF (the first optimizer step does not move). With
+// WarmupStart::above_zero the warm-up is s < W: factor = (s + 1) / (W + 1) instead, so that no
+// step is wasted at lr 0 and the rise stays strictly increasing into the cosine (the Trainer's).
+enum class WarmupStart { at_zero, above_zero };
+
 class WarmupCosineLR : public LRScheduler {
  public:
-  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr_ratio = 0.0);
+  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr_ratio = 0.0,
+                 WarmupStart start = WarmupStart::at_zero);
   double factor(int64_t step) const override;
 
  private:
   int64_t warmup_steps_, total_steps_;
   double min_lr_ratio_;
+  WarmupStart start_;
 };
 
 // lr = base * gamma^(step / step_size) (integer division; torch's StepLR).

@@ -1,16 +1,13 @@
 #include "examples/common/cli.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <csignal>
 #include <cstdarg>
 #include <cstdio>
 
 #include "core/cuda_context.h"
 #include "core/error.h"
+#include "train/stop_signal.h"
 
 #ifdef MT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -204,68 +201,28 @@ void CheckpointFlags::add_to(CLI::App& app) {
                "continue from the newest checkpoint in --save-dir (a fresh start if there is none)");
 }
 
-namespace {
-
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int signal) {
-  if (g_stop_signal != 0) _exit(128 + signal);
-  g_stop_signal = signal;
-}
-
-const char* signal_name(int signal) {
-  switch (signal) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGUSR1:
-      return "SIGUSR1";
-    default:
-      return "a signal";
-  }
-}
-
-}  // namespace
-
 std::optional<mt::CheckpointDirectory> CheckpointFlags::open() const {
   MT_CHECK(!resume || !save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(stop_at == 0 || !save_dir.empty(), "--stop-at needs --save-dir");
   if (save_dir.empty()) return std::nullopt;
   std::optional<mt::CheckpointDirectory> directory(std::in_place, save_dir, keep);
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
+  mt::train::install_stop_handlers();
   return directory;
 }
 
 std::string stop_reason(int64_t step, const CheckpointFlags& flags, mt::dist::ProcessGroup* group) {
-  const int signal = g_stop_signal;
-  const bool here = signal != 0 || step == flags.stop_at;
-  const bool anywhere =
-      group != nullptr && group->world_size() > 1 ? group->mean_over_ranks(here ? 1.0 : 0.0) > 0.0 : here;
-  if (!anywhere) return "";
-  if (signal != 0) return signal_name(signal);
-  return step == flags.stop_at ? "--stop-at" : "a signal to another rank";
+  return mt::train::stop_reason(step, flags.stop_at, group);
+}
+
+void CheckpointFlags::apply_to(mt::train::TrainerOptions& options) const {
+  options.save_dir = save_dir;
+  options.save_every = save_every;
+  options.keep = keep;
+  options.stop_at = stop_at;
+  options.resume = resume;
 }
 
 // ------------------------------------------------------------------ progress lines
-
-std::string duration_text(double seconds) {
-  const auto s = static_cast<long long>(std::llround(std::max(seconds, 0.0)));
-  if (s >= 3600) return format("%lldh%02lldm", s / 3600, s % 3600 / 60);
-  return format("%lldm%02llds", s / 60, s % 60);
-}
-
-std::string progress_line(const std::string& program, int64_t step, int64_t steps,
-                          const std::vector<std::string>& fields, double seconds, int64_t steps_run) {
-  std::string line =
-      format("%s: step %4lld/%lld", program.c_str(), static_cast<long long>(step), static_cast<long long>(steps));
-  for (const std::string& field : fields) line += " | " + field;
-  const double per_step = seconds / static_cast<double>(std::max<int64_t>(steps_run, 1));
-  return line + " | eta " + duration_text(per_step * static_cast<double>(steps - step));
-}
 
 std::string loss_scale_text(std::optional<double> scale) { return scale ? format("%g", *scale) : "off"; }
 

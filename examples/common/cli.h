@@ -32,6 +32,8 @@
 #include "core/dtype.h"
 #include "distributed/process_group.h"
 #include "optim/training_checkpoint.h"
+#include "train/progress.h"
+#include "train/trainer.h"
 
 namespace example {
 
@@ -89,24 +91,19 @@ struct CheckpointFlags {
   // Checks the flags together (--resume and --stop-at need --save-dir), then, with --save-dir,
   // opens the directory and installs the stop handlers (Note [Stopping on a signal]).
   std::optional<mt::CheckpointDirectory> open() const;
+  void apply_to(mt::train::TrainerOptions& options) const;  // for programs that train through the Trainer
   // Whether to write a checkpoint after `step` of `steps` (the run not stopped).
   bool due(int64_t step, int64_t steps) const { return (save_every > 0 && step % save_every == 0) || step == steps; }
 };
 
-// Note [Stopping on a signal]: with --save-dir, the first SIGTERM, SIGINT or SIGUSR1 asks the loop
-// to finish its step, write a checkpoint and return (exit 0); a second one ends the process at
-// once. --stop-at N stops the same way after step N. Returns why the run stops after `step`:
-// "--stop-at", "SIGTERM" (SIGINT, SIGUSR1), or empty to go on. Under mpirun it is a collective
-// (every rank calls it after every step) and every rank stops together: a signal delivered to one
-// of them counts for all, "a signal to another rank" on the others.
+// Note [Stopping on a signal] (train/stop_signal.h): with --save-dir, the first SIGTERM, SIGINT
+// or SIGUSR1 finishes the step, writes a checkpoint and exits 0. Returns why the run stops after
+// `step` ("--stop-at", "SIGTERM", ...) or empty; a collective under mpirun.
 std::string stop_reason(int64_t step, const CheckpointFlags& flags, mt::dist::ProcessGroup* group);
 
-// Progress lines.
-std::string duration_text(double seconds);  // "1m05s", "2h03m"
-// "<program>: step   25/300 | <fields, joined by " | "> | eta 0m05s", the time left at the mean
-// pace of the `steps_run` steps this process ran in `seconds`.
-std::string progress_line(const std::string& program, int64_t step, int64_t steps,
-                          const std::vector<std::string>& fields, double seconds, int64_t steps_run);
+// Progress lines: train/progress.h's.
+using mt::train::duration_text;
+using mt::train::progress_line;
 // The loss scale as it is ("65536", "0.25", "0.00012207"), "off" without loss scaling.
 std::string loss_scale_text(std::optional<double> scale);
 // printf into a std::string.

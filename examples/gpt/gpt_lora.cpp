@@ -67,8 +67,7 @@ int main(int argc, char** argv) {
     sample("before");
     std::optional<double> val_before;
     if (!train_flags.val_data.empty()) {
-      const mt::data::TokenFile val(train_flags.val_data);
-      val_before = gpt_example::evaluate(*model, val, train_flags.batch_size, train_flags.seq_len,
+      val_before = gpt_example::evaluate(*model, train_flags.val_data, train_flags.batch_size, train_flags.seq_len,
                                          train_flags.eval_batches, placement);
       if (placement.is_main()) std::printf("gpt_lora: validation loss of the base model %.4f\n", *val_before);
     }
@@ -81,8 +80,7 @@ int main(int argc, char** argv) {
       std::printf("gpt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
     }
 
-    const gpt_example::TrainResult result =
-        gpt_example::train(*model, model->trainable_parameters(), train_flags, placement, "gpt_lora");
+    const gpt_example::TrainResult result = gpt_example::train(*model, train_flags, placement, "gpt_lora");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
     save_options.fan_in_fan_out = true;  // the projections are Conv1D in HF's GPT-2

@@ -1,18 +1,23 @@
-// Pretrains a GPT (GPT-2 architecture, byte-level vocabulary) from scratch on a token file
-// and saves it as a Hugging Face GPT-2 directory.
+// Pretrains a GPT (GPT-2 architecture, byte-level vocabulary) from scratch on a token file, or
+// goes on training one (--init-from), and saves it as a Hugging Face GPT-2 directory.
 //
 //   build/examples/gpt_tokenize --output train.tok licences/*
 //   build/examples/gpt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
 //
-// The saved directory (config.json + model.safetensors) is what gpt_lora and gpt_generate
-// read, and what transformers' GPT2LMHeadModel.from_pretrained reads.
+// The saved directory (config.json + model.safetensors, and the tokenizer files of --init-from's
+// directory) is what gpt_lora and gpt_generate read, and what transformers'
+// GPT2LMHeadModel.from_pretrained reads. With --save-dir, the model's config.json is written there
+// too, so that gpt_export can turn any checkpoint into such a directory.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 
+#include "core/atomic_file.h"
 #include "core/data/byte_tokenizer.h"
 #include "examples/gpt/trainer.h"
 #include "ops/ops.h"
+#include "train/model_directory.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Pretrain a GPT from scratch on a token file"};
@@ -25,12 +30,16 @@ int main(int argc, char** argv) {
   config.n_head = 4;
   config.n_embd = 128;
   config.n_positions = 0;  // 0: --seq-len
-  std::string out;
+  std::string out, init_from;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
   train_flags.add_to(app, "training token file (from gpt_tokenize)");
   app.add_option("--out", out, "directory to save the model to (config.json, model.safetensors)")->required();
+  CLI::Option* init_option =
+      app.add_option("--init-from", init_from,
+                     "start from this model directory (config.json, model.safetensors) instead of a random model")
+          ->check(CLI::ExistingDirectory);
   app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(example::positive());
   app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(example::positive());
   app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(example::positive());
@@ -38,6 +47,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(example::non_negative());
   app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(example::range(0.0, 0.99));
+  for (const char* architecture : {"--layers", "--heads", "--embd", "--context", "--dropout"}) {
+    init_option->excludes(architecture);  // the architecture comes from the directory's config.json
+  }
   app.add_option("--prompt", prompt, "prompt of the sample printed after training")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of that sample (0: none)")
       ->capture_default_str()
@@ -49,8 +61,17 @@ int main(int argc, char** argv) {
     if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
     mt::manual_seed(train_flags.seed);
     mt::Generator init(train_flags.seed);
-    mt::nn::GPT model(config, &init);
+    const std::shared_ptr<mt::nn::GPT> loaded =
+        init_from.empty() ? std::make_shared<mt::nn::GPT>(config, &init) : mt::nn::GPT::from_pretrained(init_from);
+    mt::nn::GPT& model = *loaded;
+    config = model.config();
     model.to(placement.device);
+    if (placement.is_main() && !train_flags.checkpoints.save_dir.empty()) {
+      // gpt_export reads it to rebuild the model of a checkpoint.
+      std::filesystem::create_directories(train_flags.checkpoints.save_dir);
+      mt::write_file_atomically(train_flags.checkpoints.save_dir + "/config.json", "GPT-2 config", config.to_json());
+      if (!init_from.empty()) mt::train::copy_tokenizer_files(init_from, train_flags.checkpoints.save_dir);
+    }
     if (placement.is_main()) {
       std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
                   static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
@@ -58,10 +79,10 @@ int main(int argc, char** argv) {
                   static_cast<long long>(config.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
     }
 
-    const gpt_example::TrainResult result =
-        gpt_example::train(model, model.parameters(), train_flags, placement, "gpt_train");
+    const gpt_example::TrainResult result = gpt_example::train(model, train_flags, placement, "gpt_train");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
     model.save_pretrained(out);
+    if (!init_from.empty()) mt::train::copy_tokenizer_files(init_from, out);
     std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
                 result.seconds, out.c_str());
     if (sample_tokens > 0) {

@@ -1,10 +1,7 @@
-// What the GPT examples share: the training flags, the training loop with its progress lines,
-// evaluation, and text in and out through the byte tokenizer. The flags every program shares
-// (--device, --amp, --seed, the checkpoint flags) are examples/common/cli.h's.
-//
-// The loop is the one a user writes with PyTorch AMP: forward and loss under autocast,
-// the loss scaled (fp16 only), backward, unscale, clip, scaler step, scaler update, LR
-// schedule. Nothing in a step reads the device back except the logged loss.
+// What the GPT examples share: the training flags, turned into mt::train::TrainerOptions, the
+// training run through mt::train::Trainer, and text in and out through the byte tokenizer. The
+// flags every program shares (--device, --amp, --seed, the checkpoint flags) are
+// examples/common/cli.h's.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,11 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/data/token_dataset.h"
-#include "core/data/token_file.h"
 #include "core/format.h"
 #include "examples/common/cli.h"
 #include "ops/nn/gpt.h"
+#include "train/trainer.h"
 
 namespace gpt_example {
 
@@ -28,16 +24,26 @@ struct TrainFlags {
   int64_t steps = 300;
   int64_t batch_size = 16;
   int64_t seq_len = 64;
+  int64_t grad_accum = 1;
   double lr = 1e-3;
   int64_t warmup = 30;
   double min_lr_ratio = 0.1;
   double weight_decay = 0.1;
+  bool no_embedding_decay = false;
   double grad_clip = 1.0;  // 0: no clipping
   uint64_t seed = example::kDefaultSeed;
   int64_t log_every = 25;
+  int64_t eval_every = 0;
   int64_t eval_batches = 8;
+  std::string progress = "auto";
+  std::string metrics;             // JSON-lines file
+  std::string tensorboard;         // event-file directory
+  double peak_tflops = 0;          // 0: from the GPU's name
   std::string checkpoint = "off";  // GPTCheckpointing::parse
   example::CheckpointFlags checkpoints;
+  bool report = false;
+  bool nvtx = false;
+  std::string trace;            // host trace of the NVTX ranges (Chrome JSON)
   bool detect_anomaly = false;  // name the first op whose output is NaN or inf (slow)
   bool deterministic = false;   // repeatable kernels only (mt::backends::set_deterministic_algorithms)
   bool cuda_graph = false;      // capture the step once and replay it (mt::CudaGraphStep)
@@ -51,13 +57,13 @@ struct TrainResult {
   double seconds = 0;
 };
 
-// Trains `params` (the model's trainable parameters) on flags.data and prints progress lines.
-TrainResult train(mt::nn::GPT& model, const std::vector<mt::Tensor>& params, const TrainFlags& flags,
-                  const example::Placement& placement, const std::string& tag);
+// Trains `model` (its trainable parameters) on flags.data through mt::train::Trainer.
+TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Placement& placement,
+                  const std::string& tag);
 
-// Mean loss over the first `batches` windows of `file` (file order), in eval mode, no gradient.
-double evaluate(mt::nn::GPT& model, const mt::data::TokenFile& file, int64_t batch_size, int64_t seq_len,
-                int64_t batches, const example::Placement& placement);
+// Mean loss over the first `batches` windows of `path` (file order), in eval mode, no gradient.
+double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
+                const example::Placement& placement);
 
 // A sample continuation of `prompt`, decoded as text (bytes that are not printable are escaped).
 std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int64_t new_tokens, double temperature,

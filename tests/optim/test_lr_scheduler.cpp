@@ -110,6 +110,22 @@ TEST(WarmupCosineLR, NoWarmupStartsAtTheBaseAndWarmupEqualToTotalEndsOnTheFloor)
   expect_lrs(u, flat, 0.25);
 }
 
+TEST(WarmupCosineLR, AWarmupAboveZeroStartsAtOneOverWPlusOneAndRisesIntoTheCosine) {
+  TwoGroups t;
+  const int64_t W = 4;
+  WarmupCosineLR sched(t.opt, W, /*total_steps=*/20, /*min_lr_ratio=*/0.1, WarmupStart::above_zero);
+  expect_lrs(t, sched, 1.0 / (W + 1));  // step 0 already moves the weights
+  double previous = sched.last_lr();
+  for (int64_t s = 1; s <= W; ++s) {
+    sched.step();
+    EXPECT_GT(sched.last_lr(), previous) << s;
+    previous = sched.last_lr();
+  }
+  expect_lrs(t, sched, 1.0);  // step W: the peak, where the cosine begins as in the default mode
+  advance_to(sched, 12);
+  expect_lrs(t, sched, 0.1 + 0.9 * 0.5);
+}
+
 TEST(WarmupCosineLR, BadArgumentsGiveClearErrors) {
   TwoGroups t;
   EXPECT_NE(error_message_of([&] { WarmupCosineLR(t.opt, -1, 10); }).find("warmup_steps must be >= 0, got -1"),

@@ -1,0 +1,48 @@
+#include "train/data_source.h"
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace mt::train {
+
+int64_t count_targets(const Tensor& targets, int64_t ignore_index) {
+  MT_CHECK(targets.dtype() == DType::i64, "count_targets: targets must be i64, got ", dtype_name(targets.dtype()));
+  int64_t count = 0;
+  for (const int64_t id : targets.to_vector<int64_t>()) count += id != ignore_index;
+  return count;
+}
+
+TokenData::TokenData(const std::string& path, const data::BatcherOptions& options)
+    : path_(path),
+      options_(options),
+      file_(std::make_unique<data::TokenFile>(path)),
+      batcher_(std::make_unique<data::TokenBatcher>(*file_, options)) {}
+
+Batch TokenData::next() {
+  data::Batch batch = batcher_->next();
+  const int64_t count = batch.targets.numel();  // windows of a token file hold no ignored targets
+  return Batch{std::move(batch.inputs), std::move(batch.targets), count};
+}
+
+std::map<std::string, double> TokenData::state() const {
+  const data::BatcherState position = batcher_->state();
+  return {{"epoch", static_cast<double>(position.epoch)},
+          {"index", static_cast<double>(position.index)},
+          {"seed", static_cast<double>(position.seed)}};
+}
+
+void TokenData::restore(const std::map<std::string, double>& state) {
+  for (const char* key : {"epoch", "index", "seed"}) {
+    MT_CHECK_T(FileError, state.count(key), "the checkpoint has no data position '", key, "' for ", path_);
+  }
+  batcher_->restore({static_cast<int64_t>(state.at("epoch")), static_cast<int64_t>(state.at("index")),
+                     static_cast<uint64_t>(state.at("seed"))});
+}
+
+std::string TokenData::describe() const {
+  return with_commas(file_->size()) + " tokens in " + path_ + ", " + std::to_string(batcher_->batches_per_epoch()) +
+         " batches of " + std::to_string(options_.batch_size()) + "x" + std::to_string(options_.seq_len()) +
+         " per epoch and rank";
+}
+
+}  // namespace mt::train

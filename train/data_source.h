@@ -1,0 +1,74 @@
+// Where a Trainer's batches come from. A DataSource hands out one micro-batch per next() and
+// can say where it stands, so that a checkpoint resumes with exactly the batches an
+// uninterrupted run would have seen.
+//
+//   mt::train::TokenData data("train.tok", mt::data::BatcherOptions(16, 256).seed(1337));
+//   mt::train::FunctionData data([&] { return mt::train::Batch{x, y}; });  // anything else
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/data/token_dataset.h"
+#include "core/data/token_file.h"
+#include "core/tensor.h"
+
+namespace mt::train {
+
+// One micro-batch: what the loss function reads. The Trainer moves both tensors to its device.
+struct Batch {
+  Tensor inputs;   // e.g. [B, T] i64 token ids, or [N, features]
+  Tensor targets;  // e.g. [B, T] i64 next tokens (-100: not trained on), or [N, outputs]
+  // How many targets the loss's mean is taken over (token targets not equal to -100, rows of a
+  // regression). Gradient accumulation weighs each micro-batch's mean loss by it, so that the
+  // accumulated step equals one step on all the micro-batches at once. 0: weigh equally.
+  int64_t count = 0;
+};
+
+// Counts the targets that are not `ignore_index` (the cross-entropy's default, -100).
+int64_t count_targets(const Tensor& targets, int64_t ignore_index = -100);
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual Batch next() = 0;
+  // The position of the next batch as named numbers (checkpoints store them), and back.
+  virtual std::map<std::string, double> state() const { return {}; }
+  virtual void restore(const std::map<std::string, double>& state) {}
+  // One line for the start of a run: "1,234,567 tokens in train.tok, 120 batches of 16x256 per epoch".
+  virtual std::string describe() const { return {}; }
+};
+
+// Next-token windows of a token file (mt::data::TokenBatcher: shuffled per epoch, rank-aware).
+class TokenData : public DataSource {
+ public:
+  TokenData(const std::string& path, const data::BatcherOptions& options);
+  Batch next() override;
+  std::map<std::string, double> state() const override;
+  void restore(const std::map<std::string, double>& state) override;
+  std::string describe() const override;
+  const data::TokenFile& file() const { return *file_; }
+  int64_t batches_per_epoch() const { return batcher_->batches_per_epoch(); }
+
+ private:
+  std::string path_;
+  data::BatcherOptions options_;
+  std::unique_ptr<data::TokenFile> file_;  // the batcher keeps a reference: owned here, before it
+  std::unique_ptr<data::TokenBatcher> batcher_;
+};
+
+// Batches from a function (in-memory data, a user's own reader). Its position is not saved:
+// a resumed run continues with whatever the function returns next.
+class FunctionData : public DataSource {
+ public:
+  explicit FunctionData(std::function<Batch()> next) : next_(std::move(next)) {}
+  Batch next() override { return next_(); }
+
+ private:
+  std::function<Batch()> next_;
+};
+
+}  // namespace mt::train
