@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/nvtx.h"
 
 namespace mt::dist {
 
@@ -121,6 +122,9 @@ void DistributedDataParallel::build_buckets(const DDPOptions& options) {
     }
     const Tensor& like = params_[buckets_[b].params.front()].tensor;
     buckets_[b].flat = zeros({numel}, TensorOptions().dtype(like.dtype()).device(like.device()));
+    const std::string size = cuda::format_bytes(buckets_[b].flat.nbytes());
+    buckets_[b].range_name = detail::str_cat("all-reduce bucket ", b + 1, " (", size, ")");
+    buckets_[b].what = detail::str_cat("all_reduce of DDP bucket ", b + 1, " of ", buckets_.size(), " (", size, ")");
   }
 }
 
@@ -177,9 +181,8 @@ void DistributedDataParallel::reduce_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     const size_t index = next_bucket_++;
     Bucket& b = buckets_[index];
-    const std::string what = detail::str_cat("all_reduce of DDP bucket ", index + 1, " of ", buckets_.size(), " (",
-                                             cuda::format_bytes(b.flat.nbytes()), ")");
-    b.work = group_.all_reduce_async_(b.flat, ReduceOp::average, what);
+    const nvtx::Range range(b.range_name);
+    b.work = group_.all_reduce_async_(b.flat, ReduceOp::average, b.what);
     b.reduced = true;
   }
 }

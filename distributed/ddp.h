@@ -20,7 +20,9 @@
 // event, while backward goes on computing the next buckets' gradients; only synchronize()
 // makes the compute stream wait for the reductions (the host never waits).
 // no_sync() lets gradients accumulate locally over micro-batches; the next synchronised
-// backward reduces the sum.
+// backward reduces the sum. Each bucket's all-reduce is launched inside a range named
+// "all-reduce bucket N (size)" (core/nvtx.h): on the host it spans the launch, and nsys shows the
+// NCCL kernel it queued.
 #pragma once
 
 #include <cstdint>
@@ -116,6 +118,10 @@ class DistributedDataParallel {
     size_t pending = 0;
     bool reduced = false;
     std::unique_ptr<Work> work;  // the reduction in flight, until synchronize()
+    // Made once with the buckets, not per step: the range around its all-reduce (core/nvtx.h),
+    // "all-reduce bucket 3 (24.00 MiB)", and the collective's name in errors and timeouts.
+    std::string range_name;
+    std::string what;
   };
 
   void check_and_broadcast(nn::Module& module);

@@ -10,7 +10,8 @@
 //     gives the parameters synchronize() + optimizer.step() gives, bit for bit (AdamW, several
 //     buckets, and a parameter the optimizer holds outside the model, updated once per step);
 //  6. with --hang-at-step K, rank 1 stops answering at step K without dying (the timeout test:
-//     rank 0's collective must give up after MT_COLLECTIVE_TIMEOUT_S and end the job).
+//     rank 0's collective must give up after MT_COLLECTIVE_TIMEOUT_S and end the job);
+//  8. each bucket's all-reduce is a range named after the bucket (core/nvtx.h), in a host trace.
 // --device cuda runs it all on each rank's GPU (local rank), through NCCL.
 // Prints "ddp_mpi: PASS" on rank 0 and exits 0 when every check holds; runs as a world of one too.
 #include <unistd.h>
@@ -19,9 +20,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "core/cuda_context.h"
+#include "core/nvtx.h"
 
 #include "distributed/ddp.h"
 #include "ops/ops.h"
@@ -239,6 +242,21 @@ int main(int argc, char** argv) {
     check(two_vs_one == 0, "step(optimizer) vs synchronize() + step(): " + std::to_string(two_vs_one), rank);
     check(extra_two.to_vector<float>() == extra_one.to_vector<float>(),
           "a parameter outside the model is updated as one step() updates it", rank);
+
+    // 8. The bucket ranges: one host trace per process ("%p": its id) around one more backward.
+    const std::string trace = (std::filesystem::temp_directory_path() / "mt_ddp_mpi_trace_%p.json").string();
+    mt::nvtx::start_trace(trace);
+    ddp.zero_grad();
+    mt::cross_entropy(model.forward(x), y).backward();
+    ddp.synchronize();
+    mt::nvtx::stop_trace();
+    const std::string summary = mt::nvtx::trace_summary();
+    for (size_t i = 0; i < ddp.num_buckets(); ++i) {
+      check(summary.find("all-reduce bucket " + std::to_string(i + 1) + " (") != std::string::npos,
+            "no range for bucket " + std::to_string(i + 1) + " in the trace:\n" + summary, rank);
+    }
+    std::filesystem::remove(
+        (std::filesystem::temp_directory_path() / ("mt_ddp_mpi_trace_" + std::to_string(::getpid()) + ".json")));
 
     if (rank == 0) {
       std::printf("ddp_mpi: %s on %s, %zu buckets; DDP vs single process %.2e; no_sync vs one step %.2e; %s\n",
