@@ -10,6 +10,10 @@
 // Under mpirun it trains data-parallel (DistributedDataParallel, one GPU per rank, B per rank)
 // and rank 0 also prints the communication each step left exposed: the time the compute stream
 // waited for the all-reduces at the end of backward (median).
+//
+// --nvtx (or MT_NVTX=1) turns on the NVTX ranges nsys shows: step > forward > each module by its
+// path ("gpt.transformer.h.0.attn"), backward, optimizer, DDP's bucket all-reduces, checkpoint
+// recomputations (docs/profiling.md). MT_TRACE=FILE.json writes the same ranges as a host trace.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 
 #include "autograd/profiler.h"
 #include "core/cuda_context.h"
+#include "core/nvtx.h"
 #include "distributed/ddp.h"
 #include "examples/common/cli.h"
 #include "examples/gpt/trainer.h"
@@ -83,6 +88,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cast-weights", cast_weights,
                "autocast casts the f32 weights at every step, instead of taking the low-precision copies AdamW "
                "writes as it updates them (mt::AdamWOptions::autocast_copies)");
+  bool nvtx_ranges = false;
+  app.add_flag("--nvtx", nvtx_ranges,
+               "NVTX ranges for nsys: the step, forward, backward and optimizer, each module by its path, DDP's "
+               "all-reduces (as MT_NVTX=1; docs/profiling.md)");
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -109,12 +118,19 @@ int main(int argc, char** argv) {
     }
     model.set_fused_ops(!unfused);
     model.head_chunk_rows = head_chunk_rows;
-    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s%s; %s\n",
+    mt::nn::name_modules_for_tracing(model, "gpt");  // after apply_lora: its layers take their paths too
+    if (nvtx_ranges) mt::nvtx::set_enabled(true);
+    if (mt::nvtx::enabled() && !mt::nvtx::compiled_in()) {
+      std::fprintf(stderr,
+                   "gpt_step: NVTX was compiled out (MT_NVTX=OFF, or no NVTX 3 headers): the ranges reach "
+                   "only a host trace (MT_TRACE)\n");
+    }
+    std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s%s%s; %s\n",
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),
                 device.str().c_str(), amp.c_str(), unfused ? ", unfused" : "",
                 amp != "off" && cast_weights ? ", weights cast at every step" : "",
-                mt::nn::trainable_parameters_summary(model).c_str());
+                mt::nvtx::enabled() ? ", NVTX ranges on" : "", mt::nn::trainable_parameters_summary(model).c_str());
     MT_CHECK(!(cuda_graph && group), "--cuda-graph is for one process (NCCL is not captured)");
     MT_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --device cuda");
     std::unique_ptr<mt::dist::DistributedDataParallel> ddp;
@@ -146,8 +162,10 @@ int main(int argc, char** argv) {
       double loss_value = 0;
       const mt::Tensor loss_out = mt::zeros({1}, mt::TensorOptions().device(device));
       auto train_step = [&] {
+        const mt::nvtx::Range step_range("step");
         mt::Tensor loss;
         {
+          const mt::nvtx::Range range("forward");
           mt::AutocastGuard guard(device.type, low, autocast);
           loss = model.loss(x, y);
         }
@@ -156,12 +174,18 @@ int main(int argc, char** argv) {
         } else {
           opt.zero_grad(/*set_to_none=*/!cuda_graph);  // a captured step keeps its gradient buffers
         }
-        loss.backward();
-        if (ddp && ddp_update == "overlapped") {
-          ddp->step(opt);
-        } else {
-          if (ddp) ddp->synchronize();
-          opt.step();
+        {
+          const mt::nvtx::Range range("backward");
+          loss.backward();
+        }
+        {
+          const mt::nvtx::Range range("optimizer");
+          if (ddp && ddp_update == "overlapped") {
+            ddp->step(opt);
+          } else {
+            if (ddp) ddp->synchronize();
+            opt.step();
+          }
         }
         loss_out.copy_(loss.detach().to(mt::DType::f32).reshape({1}));
       };
