@@ -63,12 +63,12 @@ echo "demo.sh: === 1. tokenize (bytes) ==="
 echo "demo.sh: === 2. pretrain a GPT on the licences ($device) ==="
 "$bin/gpt_train" --data "$work/licences.tok" --val-data "$work/licences_val.tok" --out "$work/model" \
   "${model[@]}" --seq-len "$seq" --batch-size "$batch" --steps "$pre_steps" --lr 2e-3 \
-  --log-every $((pre_steps / 10)) --prompt "This License " --sample-tokens 160 --metrics "$work/pretrain.jsonl" "$@"
+  --log-every $((pre_steps / 10)) --eval-every $((pre_steps / 5)) --prompt "This License " --sample-tokens 160 --metrics "$work/pretrain.jsonl" "$@"
 
 echo "demo.sh: === 3. LoRA fine-tune it on Perl source ==="
 "$bin/gpt_lora" --base "$work/model" --data "$work/perl.tok" --val-data "$work/perl_val.tok" \
   --adapter-out "$work/adapter" --r 8 --alpha 16 --targets c_attn,c_proj,c_fc --seq-len "$seq" \
-  --batch-size "$batch" --steps "$lora_steps" --lr 3e-3 --log-every $((lora_steps / 10)) \
+  --batch-size "$batch" --steps "$lora_steps" --lr 3e-3 --log-every $((lora_steps / 10)) --eval-every $((lora_steps / 5)) \
   --prompt "sub " --sample-tokens 160 --metrics "$work/lora.jsonl" "$@"
 
 # Both runs' loss, learning rate, throughput and memory in one picture. matplotlib is optional

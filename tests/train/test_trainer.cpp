@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -115,6 +116,43 @@ TEST(Trainer, AccumulatingFourMicroBatchesEqualsOneBatchFourTimesAsLarge) {
   // Three AdamW steps at lr 1e-2 move weights by ~3e-2; f32 rounding of the summed gradients
   // stays orders of magnitude below.
   EXPECT_LT(worst, 2e-5) << "the accumulated steps differ from the big batch's";
+}
+
+TEST(Trainer, OnCudaAccumulationEqualsOneBatchAndLoggedStepsCarryDeviceMemory) {
+  MT_SKIP_WITHOUT_CUDA();
+  std::vector<Batch> micro;
+  for (int64_t i = 0; i < 4; ++i) micro.push_back(make_batch(3, 200 + i, /*ignored=*/4 * i));
+  std::vector<Tensor> inputs, targets;
+  int64_t count = 0;
+  for (const Batch& b : micro) {
+    inputs.push_back(b.inputs);
+    targets.push_back(b.targets);
+    count += b.count;
+  }
+  const Batch big{cat(inputs, 0), cat(targets, 0), count};
+  auto run = [&](int64_t accumulation, std::vector<StepMetrics>* logged) {
+    auto model = tiny_gpt();
+    model->to(cuda_device(0));
+    size_t next = 0;
+    FunctionData data([&] { return accumulation == 1 ? big : micro[next++ % micro.size()]; });
+    TrainerOptions o = quiet_options(3);
+    o.device = cuda_device(0);
+    o.accumulation = accumulation;
+    o.report = logged != nullptr;
+    Trainer trainer(*model, data, gpt_loss(*model), o);
+    if (logged) trainer.on_step_end([logged](const StepMetrics& m) { logged->push_back(m); });
+    const TrainResult result = trainer.fit();
+    if (logged) EXPECT_NE(result.report.find("activations"), std::string::npos) << result.report;
+    return flat_parameters(*model);
+  };
+  std::vector<StepMetrics> logged;
+  const std::vector<float> a = run(4, &logged), b = run(1, nullptr);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
+  EXPECT_LT(worst, 5e-5) << "cuBLAS may sum the big batch in another order: f32 rounding, no more";
+  ASSERT_EQ(logged.size(), 3u);
+  EXPECT_GT(logged.back().value("mem_peak_gib"), 0.0);
+  EXPECT_GE(logged.back().value("mem_reserved_gib"), logged.back().value("mem_allocated_gib"));
 }
 
 TEST(Trainer, WeightDecayGroupsSpareBiasesNormGainsAndOptionallyEmbeddings) {
@@ -304,6 +342,30 @@ TEST(Trainer, TheReportSaysWhereTheTimeWentByOpFamilyAndModule) {
   for (const char* expected : {"matmul", "optimizer", "model.transformer.h.0", "parameters"}) {
     EXPECT_NE(result.report.find(expected), std::string::npos) << expected << " not in:\n" << result.report;
   }
+}
+
+TEST(ProgressBar, OnATerminalRedrawsOneLineInPlaceAndPrintsMessagesAboveIt) {
+  ::testing::internal::CaptureStdout();
+  {
+    ProgressBar bar("run", 4, ProgressMode::bar);
+    bar.update(1, 1, {"loss 2.0000"});
+    bar.print("run: checkpoint x");
+    bar.update(4, 4, {"loss 1.0000"});
+  }
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("\rrun [#####...............] 1/4 | loss 2.0000"), std::string::npos) << out;
+  EXPECT_NE(out.find("\r\033[Krun: checkpoint x\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("\rrun [####################] 4/4 | loss 1.0000 | eta 0m00s\033[K\n"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << "one line for the message, one ending the bar";
+
+  ::testing::internal::CaptureStdout();
+  {
+    ProgressBar lines("run", 4, ProgressMode::lines);
+    lines.update(4, 4, {"loss 1.0000"});
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "") << "lines mode leaves the lines to the caller";
+  EXPECT_EQ(progress_line("run", 25, 100, {"loss 1.5000"}, /*seconds=*/10, /*done_here=*/25),
+            "run: step   25/100 | loss 1.5000 | eta 0m30s");
 }
 
 TEST(Trainer, BadOptionsAndBadBatchesAreClearErrors) {
