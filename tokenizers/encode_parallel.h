@@ -1,0 +1,17 @@
+// Encoding many documents on all cores: each thread takes the next document, results in order.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "tokenizers/tokenizer.h"
+
+namespace mt::tok {
+
+// The ids of each document, in the documents' order. threads <= 0: all hardware threads.
+// An exception on any thread is rethrown here, after every thread has stopped.
+std::vector<std::vector<TokenId>> encode_documents(const Tokenizer& tokenizer,
+                                                   const std::vector<std::string_view>& documents,
+                                                   bool add_special_tokens = false, int threads = 0);
+
+}  // namespace mt::tok

@@ -1,0 +1,45 @@
+// Reading fields of tokenizer.json with errors that name the file, the object and the field.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace mt::tok {
+
+using nlohmann::json;
+
+inline const json& required_field(const json& object, const char* key, const std::string& where, const char* in) {
+  if (!object.is_object()) detail::fail_file(where, in, " is not a JSON object");
+  const auto it = object.find(key);
+  if (it == object.end()) detail::fail_file(where, in, " has no \"", key, "\" field");
+  return *it;
+}
+
+template <typename T>
+T field_or(const json& object, const char* key, const T& fallback, const std::string& where, const char* in) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception& e) {
+    detail::fail_file(where, in, ".", key, " has the wrong type: ", e.what());
+  }
+}
+
+template <typename T>
+T required(const json& object, const char* key, const std::string& where, const char* in) {
+  const json& value = required_field(object, key, where, in);
+  try {
+    return value.get<T>();
+  } catch (const json::exception& e) {
+    detail::fail_file(where, in, ".", key, " has the wrong type: ", e.what());
+  }
+}
+
+inline std::string type_of(const json& object, const std::string& where, const char* in) {
+  return required<std::string>(object, "type", where, in);
+}
+
+}  // namespace mt::tok
