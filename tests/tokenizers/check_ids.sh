@@ -8,4 +8,4 @@ program=$1 fixtures=$2 work=$3
 python=${MT_PYTHON:-python3}
 mkdir -p "$work"
 "$program" "$fixtures" >"$work/ours.jsonl"
-exec "$python" "$fixtures/check_ids.py" --fixtures "$fixtures" --ours "$work/ours.jsonl"
+exec "$python" "$fixtures/check_ids.py" --fixtures "$fixtures" --ours "$work/ours.jsonl" --require-all
