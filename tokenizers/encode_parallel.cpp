@@ -25,13 +25,11 @@ std::vector<std::vector<TokenId>> encode_documents(const Tokenizer& tokenizer,
       next = documents.size();
     }
   };
-  if (threads == 1) {
-    work();
-  } else {
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(work);
-    for (auto& thread : pool) thread.join();
-  }
+  // Fresh threads even for one: each starts with an empty word cache (tokenizers/bpe.h), so a
+  // call costs the same whatever ran on the calling thread before.
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+  for (auto& thread : pool) thread.join();
   if (failure) std::rethrow_exception(failure);
   return out;
 }
