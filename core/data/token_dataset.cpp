@@ -82,14 +82,13 @@ Batch TokenBatcher::next() {
   Batch batch{empty({B, T}, DType::i64), empty({B, T}, DType::i64), epoch_, index_};
   int64_t* inputs = batch.inputs.data<int64_t>();    // [B, T]
   int64_t* targets = batch.targets.data<int64_t>();  // [B, T]
-  const uint16_t* tokens = file_.data();
   for (int64_t b = 0; b < B; ++b) {
     // This rank's (index_ * B + b)-th window of the epoch: position rank + k * W of the order.
     const int64_t k = index_ * B + b;
-    const uint16_t* window = tokens + order[static_cast<size_t>(options_.rank() + k * W)] * T;  // [T + 1]
+    const int64_t start = order[static_cast<size_t>(options_.rank() + k * W)] * T;
     for (int64_t t = 0; t < T; ++t) {
-      inputs[b * T + t] = window[t];
-      targets[b * T + t] = window[t + 1];
+      inputs[b * T + t] = file_.token(start + t);
+      targets[b * T + t] = file_.token(start + t + 1);
     }
   }
   if (++index_ == batches_per_epoch_) {

@@ -1,7 +1,9 @@
 // Contracts of core/data: the byte tokenizer's lossless round trip, the token file
-// format (written atomically, byte for byte as documented; one test per malformed file
-// the reader must refuse, each checking the path and the problem in the message), and the
-// batcher's windows, epoch coverage, seeded order, rank split and exact resume.
+// formats (version 2 written atomically, byte for byte as documented, with u16 or u32 ids
+// and the loss mask; version 1 and llm.c shards read; one test per malformed file the
+// reader must refuse, each checking the path and the problem in the message), and the
+// batcher's windows, epoch coverage, seeded order, rank split and exact resume on one file.
+// Corpora of several shards: test_token_corpus.cpp.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -98,14 +101,42 @@ std::string le(uint64_t value, int bytes) {
   return s;
 }
 
-// A file as the format describes it, each field settable to a wrong value.
+// A file as the format describes it, each field settable to a wrong value; version 1 unless
+// told otherwise. Tokens take 4 bytes when token_bytes says 4, else 2; the mask bytes follow.
 struct RawFile {
   std::string magic = "MTTOKENS";
-  uint64_t version = 1, token_bytes = 2, vocab = 256, reserved = 0;
-  std::vector<uint16_t> tokens = {1, 2, 3};
+  uint64_t version = 1, token_bytes = 2, vocab = 256, reserved = 0;  // reserved: version 2's flags
+  std::vector<uint32_t> tokens = {1, 2, 3};
   uint64_t count = 3;
+  std::string mask;
   std::string bytes() const {
     std::string s = magic + le(version, 4) + le(token_bytes, 4) + le(vocab, 4) + le(reserved, 4) + le(count, 8);
+    for (uint32_t t : tokens) s += le(t, token_bytes == 4 ? 4 : 2);
+    return s + mask;
+  }
+};
+
+// A version 2 file: 2 bytes per token up to a vocabulary of 65536, else 4; flags 1 with a mask.
+RawFile v2_file(std::vector<uint32_t> tokens, uint64_t vocab, std::string mask = {}) {
+  RawFile raw;
+  raw.version = 2;
+  raw.token_bytes = vocab > 65536 ? 4 : 2;
+  raw.vocab = vocab;
+  raw.reserved = mask.empty() ? 0 : 1;
+  raw.count = tokens.size();
+  raw.tokens = std::move(tokens);
+  raw.mask = std::move(mask);
+  return raw;
+}
+
+// An llm.c shard: 256 i32 of header (magic, version, count, zeros), then u16 tokens.
+struct RawShard {
+  int64_t magic = 20240520, version = 1;
+  std::vector<uint16_t> tokens = {5, 6, 7, 8};
+  int64_t count = 4;
+  std::string bytes() const {
+    std::string s = le(static_cast<uint32_t>(magic), 4) + le(static_cast<uint32_t>(version), 4) +
+                    le(static_cast<uint32_t>(count), 4) + std::string(253 * 4, '\0');
     for (uint16_t t : tokens) s += le(t, 2);
     return s;
   }
@@ -123,10 +154,13 @@ class TokenDataFile : public ::testing::Test {
 
   // The message of opening a file holding `raw`; it must start with the path.
   std::string open_error(const RawFile& raw) { return open_error(raw.bytes()); }
-  std::string open_error(const std::string& bytes) {
+  std::string open_error(const RawShard& raw, std::optional<int64_t> vocab = std::nullopt) {
+    return open_error(raw.bytes(), vocab);
+  }
+  std::string open_error(const std::string& bytes, std::optional<int64_t> vocab = std::nullopt) {
     write_bytes(path_, bytes);
     try {
-      TokenFile file(path_);
+      TokenFile file(path_, vocab);
     } catch (const mt::FileError& e) {
       const std::string message = e.what();
       EXPECT_EQ(message.rfind(path_ + ": ", 0), 0u) << message;
@@ -142,8 +176,9 @@ TEST_F(TokenDataFile, RoundTripWritesTheDocumentedBytesAndReadsThemBack) {
   const std::vector<uint16_t> tokens = {0, 7, 65535, 258, 1};
   mt::data::write_token_file(path_, tokens, /*vocab_size=*/65536);
   RawFile expected;
+  expected.version = 2;
   expected.vocab = 65536;
-  expected.tokens = tokens;
+  expected.tokens.assign(tokens.begin(), tokens.end());
   expected.count = tokens.size();
   EXPECT_EQ(read_bytes(path_), expected.bytes());
 
@@ -151,7 +186,12 @@ TEST_F(TokenDataFile, RoundTripWritesTheDocumentedBytesAndReadsThemBack) {
   EXPECT_EQ(file.path(), path_);
   EXPECT_EQ(file.size(), 5);
   EXPECT_EQ(file.vocab_size(), 65536);
-  EXPECT_EQ(std::vector<uint16_t>(file.data(), file.data() + file.size()), tokens);
+  EXPECT_EQ(file.format(), mt::data::TokenFileFormat::mttokens_v2);
+  EXPECT_EQ(file.bytes_per_token(), 2);
+  EXPECT_FALSE(file.has_loss_mask());
+  EXPECT_EQ(file.loss_mask(), nullptr);
+  EXPECT_EQ(file.u32_tokens(), nullptr);
+  EXPECT_EQ(std::vector<uint16_t>(file.u16_tokens(), file.u16_tokens() + file.size()), tokens);
   for (int64_t i = 0; i < file.size(); ++i) EXPECT_EQ(file[i], tokens[static_cast<size_t>(i)]);
   EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"corpus.tok"});  // no temporary left
 }
@@ -163,23 +203,26 @@ TEST_F(TokenDataFile, TokenizedTextRoundTripsThroughAFile) {
   mt::data::write_token_file(path_, tok.encode(text), tok.vocab_size());
   const TokenFile file(path_);
   EXPECT_EQ(file.vocab_size(), 256);
-  EXPECT_EQ(tok.decode(std::vector<int64_t>(file.data(), file.data() + file.size())), text);
+  std::vector<int64_t> ids(static_cast<size_t>(file.size()));
+  file.copy_tokens(0, file.size(), ids.data());
+  EXPECT_EQ(tok.decode(ids), text);
 }
 
 TEST_F(TokenDataFile, MoveTransfersTheMappingAndEmptiesTheSource) {
   mt::data::write_token_file(path_, std::vector<uint16_t>{4, 5, 6}, 10);
   TokenFile a(path_);
-  const uint16_t* data = a.data();
+  const uint16_t* data = a.u16_tokens();
   TokenFile b(std::move(a));
-  EXPECT_EQ(b.data(), data);
+  EXPECT_EQ(b.u16_tokens(), data);
   EXPECT_EQ(b.size(), 3);
   EXPECT_EQ(b[2], 6);
   EXPECT_EQ(a.size(), 0);  // NOLINT(bugprone-use-after-move): the moved-from state is part of the contract
-  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.u16_tokens(), nullptr);
+  EXPECT_EQ(a.bytes_per_token(), 0);
   mt::data::write_token_file(dir_ + "/other.tok", std::vector<uint16_t>{9}, 10);
   TokenFile c(dir_ + "/other.tok");
   c = std::move(b);
-  EXPECT_EQ(c.data(), data);
+  EXPECT_EQ(c.u16_tokens(), data);
   EXPECT_EQ(c.path(), path_);
   EXPECT_EQ(c[0], 4);
 }
@@ -218,16 +261,17 @@ TEST_F(TokenDataFile, RejectsABadMagic) {
 
 TEST_F(TokenDataFile, RejectsAnUnknownVersion) {
   RawFile raw;
-  raw.version = 2;
+  raw.version = 3;
   const std::string message = open_error(raw);
-  EXPECT_TRUE(contains(message, "token file version 2 is not supported (this reader knows version 1)")) << message;
+  EXPECT_TRUE(contains(message, "token file version 3 is not supported (this reader knows versions 1 and 2)"))
+      << message;
 }
 
-TEST_F(TokenDataFile, RejectsBytesPerTokenOtherThanTwo) {
+TEST_F(TokenDataFile, RejectsAVersion1FileWithBytesPerTokenOtherThanTwo) {
   RawFile raw;
   raw.token_bytes = 4;
   const std::string message = open_error(raw);
-  EXPECT_TRUE(contains(message, "token file has 4 bytes per token; only 2 (u16) is supported")) << message;
+  EXPECT_TRUE(contains(message, "token file version 1 has 4 bytes per token; it stores 2 (u16)")) << message;
 }
 
 TEST_F(TokenDataFile, RejectsAVocabSizeOutsideTheU16Range) {
@@ -235,7 +279,7 @@ TEST_F(TokenDataFile, RejectsAVocabSizeOutsideTheU16Range) {
   zero.vocab = 0;
   big.vocab = 65537;
   const std::string a = open_error(zero), b = open_error(big);
-  EXPECT_TRUE(contains(a, "token file vocab_size 0 is outside [1, 65536]")) << a;
+  EXPECT_TRUE(contains(a, "token file vocab_size 0 is outside [1, 65536] (version 1 stores u16 tokens)")) << a;
   EXPECT_TRUE(contains(b, "token file vocab_size 65537 is outside [1, 65536]")) << b;
 }
 
@@ -285,6 +329,214 @@ TEST_F(TokenDataFile, RejectsATokenNotBelowTheVocabSize) {
   EXPECT_TRUE(contains(message, "token 50 at position 2 is not below the file's vocab_size 50")) << message;
 }
 
+// ---------------------------------------------------------------- version 2 and the loss mask
+
+TEST_F(TokenDataFile, V2RoundTripsU32IdsOfAVocabOf200000AtFourBytesEach) {
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 199999, 123456, 7};
+  mt::data::write_token_file(path_, tokens, /*vocab_size=*/200000);
+  EXPECT_EQ(read_bytes(path_), v2_file(tokens, 200000).bytes());
+
+  const TokenFile file(path_);
+  EXPECT_EQ(file.format(), mt::data::TokenFileFormat::mttokens_v2);
+  EXPECT_EQ(file.size(), 6);
+  EXPECT_EQ(file.vocab_size(), 200000);
+  EXPECT_EQ(file.bytes_per_token(), 4);
+  EXPECT_EQ(file.u16_tokens(), nullptr);
+  EXPECT_EQ(std::vector<uint32_t>(file.u32_tokens(), file.u32_tokens() + 6), tokens);
+  std::vector<int64_t> copied(3);
+  file.copy_tokens(2, 3, copied.data());
+  EXPECT_EQ(copied, (std::vector<int64_t>{65536, 199999, 123456}));
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(file.token(i), tokens[static_cast<size_t>(i)]);
+    EXPECT_EQ(file[i], tokens[static_cast<size_t>(i)]);
+  }
+  const std::string outside = error_message_of([&] { file.copy_tokens(4, 3, copied.data()); });
+  EXPECT_TRUE(contains(outside, path_ + ": tokens [4, 7) are outside [0, 6)")) << outside;
+}
+
+TEST_F(TokenDataFile, V2ChoosesTwoBytesPerTokenUpToAVocabOf65536AndFourAbove) {
+  EXPECT_EQ(mt::data::bytes_per_token_for(1), 2);
+  EXPECT_EQ(mt::data::bytes_per_token_for(65536), 2);
+  EXPECT_EQ(mt::data::bytes_per_token_for(65537), 4);
+  EXPECT_EQ(mt::data::bytes_per_token_for(4294967295), 4);
+  // u32 ids of a small vocabulary are narrowed to 2 bytes; u16 ids of a large one widened to 4.
+  mt::data::write_token_file(path_, std::vector<uint32_t>{3, 65535, 0}, 65536);
+  EXPECT_EQ(read_bytes(path_), v2_file({3, 65535, 0}, 65536).bytes());
+  EXPECT_EQ(TokenFile(path_).bytes_per_token(), 2);
+  mt::data::write_token_file(path_, std::vector<uint16_t>{3, 65535, 0}, 65537);
+  EXPECT_EQ(read_bytes(path_), v2_file({3, 65535, 0}, 65537).bytes());
+  const TokenFile wide(path_);
+  EXPECT_EQ(wide.bytes_per_token(), 4);
+  EXPECT_EQ(wide[1], 65535u);
+}
+
+TEST_F(TokenDataFile, V2RoundTripsMoreTokensThanOneWriterChunk) {
+  std::vector<uint32_t> tokens(150000);  // the writer converts widths 65536 tokens at a time
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7919) % 1000);
+  mt::data::write_token_file(path_, tokens, 1000);
+  const TokenFile file(path_);
+  ASSERT_EQ(file.bytes_per_token(), 2);
+  EXPECT_EQ(std::vector<uint32_t>(file.u16_tokens(), file.u16_tokens() + file.size()), tokens);
+}
+
+TEST_F(TokenDataFile, Version1FilesStillLoad) {
+  RawFile raw;  // version 1, written byte by byte: the format before version 2
+  raw.tokens = {0, 255, 17};
+  write_bytes(path_, raw.bytes());
+  const TokenFile file(path_);
+  EXPECT_EQ(file.format(), mt::data::TokenFileFormat::mttokens_v1);
+  EXPECT_EQ(file.size(), 3);
+  EXPECT_EQ(file.vocab_size(), 256);
+  EXPECT_EQ(file.bytes_per_token(), 2);
+  EXPECT_FALSE(file.has_loss_mask());
+  EXPECT_EQ(file[1], 255u);
+}
+
+TEST_F(TokenDataFile, LossMaskRoundTripsAfterTheTokens) {
+  const std::vector<uint32_t> tokens = {10, 11, 12, 13, 70000};
+  const std::vector<uint8_t> mask = {0, 0, 1, 1, 0};
+  mt::data::write_token_file(path_, tokens, mask, /*vocab_size=*/70001);
+  EXPECT_EQ(read_bytes(path_), v2_file(tokens, 70001, std::string("\0\0\1\1\0", 5)).bytes());
+  const TokenFile file(path_);
+  ASSERT_TRUE(file.has_loss_mask());
+  EXPECT_EQ(std::vector<uint8_t>(file.loss_mask(), file.loss_mask() + 5), mask);
+  EXPECT_EQ(file[4], 70000u);
+  // The pointer overload, 2 bytes per token: the mask follows the narrower tokens.
+  const std::vector<uint16_t> small = {1, 2, 3};
+  const uint8_t small_mask[] = {1, 0, 1};
+  mt::data::write_token_file(path_, small.data(), small.size(), 4, small_mask);
+  EXPECT_EQ(read_bytes(path_), v2_file({1, 2, 3}, 4, std::string("\1\0\1", 3)).bytes());
+  EXPECT_EQ(TokenFile(path_).loss_mask()[1], 0);
+}
+
+TEST_F(TokenDataFile, V2RejectsBytesPerTokenOtherThanTheVocabularyTakes) {
+  RawFile wide = v2_file({1, 2, 3}, 300);
+  wide.token_bytes = 4;
+  const std::string a = open_error(wide);
+  EXPECT_TRUE(contains(a, "token file has 4 bytes per token, but its vocab_size 300 takes 2 (2 up to 65536, else 4)"))
+      << a;
+  RawFile narrow = v2_file({1, 2, 3}, 70000);
+  narrow.token_bytes = 2;
+  const std::string b = open_error(narrow);
+  EXPECT_TRUE(contains(b, "token file has 2 bytes per token, but its vocab_size 70000 takes 4")) << b;
+  RawFile zero = v2_file({0}, 1);
+  zero.vocab = 0;
+  const std::string c = open_error(zero);
+  EXPECT_TRUE(contains(c, "token file vocab_size 0 is outside [1, 4294967295]")) << c;
+}
+
+TEST_F(TokenDataFile, V2RejectsUnknownFlags) {
+  RawFile raw = v2_file({1, 2, 3}, 256);
+  raw.reserved = 6;
+  const std::string message = open_error(raw);
+  EXPECT_TRUE(contains(message, "token file flags 0x6 set unknown bits (only bit 0, has a loss mask, is defined)"))
+      << message;
+}
+
+TEST_F(TokenDataFile, V2RejectsAMaskByteOtherThanZeroOrOne) {
+  const std::string message = open_error(v2_file({1, 2, 3}, 256, std::string("\1\2\0", 3)));
+  EXPECT_TRUE(contains(message, "loss mask byte 2 at position 1 is not 0 or 1")) << message;
+}
+
+TEST_F(TokenDataFile, V2RejectsAMaskCutShortOrFollowedByBytes) {
+  RawFile raw = v2_file({1, 2, 3}, 256, std::string("\1\1\1", 3));  // 32 + 3 * (2 + 1) = 41 bytes
+  raw.mask.pop_back();
+  const std::string cut = open_error(raw);
+  EXPECT_TRUE(contains(cut,
+                       "the header's count of 3 tokens with a loss mask needs 41 bytes but the file has 40 "
+                       "bytes (truncated)"))
+      << cut;
+  raw.mask = std::string("\1\1\1\1", 4);
+  const std::string trailing = open_error(raw);
+  EXPECT_TRUE(contains(trailing, "needs 41 bytes but the file has 42 bytes (trailing bytes)")) << trailing;
+  RawFile flagless = v2_file({1, 2, 3}, 256);  // mask bytes present, flag clear: they are trailing bytes
+  flagless.mask = std::string("\1\1\1", 3);
+  const std::string stray = open_error(flagless);
+  EXPECT_TRUE(contains(stray, "count of 3 tokens needs 38 bytes but the file has 41 bytes (trailing bytes)")) << stray;
+}
+
+TEST_F(TokenDataFile, V2RejectsAU32TokenNotBelowTheVocabSize) {
+  const std::string message = open_error(v2_file({1, 70000, 2}, 70000));
+  EXPECT_TRUE(contains(message, "token 70000 at position 1 is not below the file's vocab_size 70000")) << message;
+}
+
+TEST_F(TokenDataFile, AnExpectedVocabSizeMustMatchTheFilesOwn) {
+  mt::data::write_token_file(path_, std::vector<uint16_t>{1, 2}, 256);
+  EXPECT_EQ(TokenFile(path_, 256).vocab_size(), 256);
+  const std::string message = open_error(read_bytes(path_), 300);
+  EXPECT_TRUE(contains(message, "token file vocab_size 256 differs from the expected vocab_size 300")) << message;
+  const std::string bad = error_message_of([&] { TokenFile file(path_, 0); });
+  EXPECT_TRUE(contains(bad, path_ + ": the expected vocab_size 0 is outside [1, 4294967295]")) << bad;
+}
+
+// ---------------------------------------------------------------- llm.c shards
+
+TEST_F(TokenDataFile, ReadsAnLlmcShardWithTheDefaultOrTheGivenVocabulary) {
+  RawShard raw;
+  raw.tokens = {50256, 0, 65535, 31};
+  write_bytes(path_, raw.bytes());
+  const TokenFile file(path_);
+  EXPECT_EQ(file.format(), mt::data::TokenFileFormat::llmc_shard);
+  EXPECT_EQ(file.size(), 4);
+  EXPECT_EQ(file.vocab_size(), 65536);  // the shard does not say; a u16 holds 65536 ids
+  EXPECT_EQ(file.bytes_per_token(), 2);
+  EXPECT_FALSE(file.has_loss_mask());
+  EXPECT_EQ(std::vector<uint16_t>(file.u16_tokens(), file.u16_tokens() + 4), raw.tokens);
+
+  raw.tokens = {50256, 0, 220, 31};
+  write_bytes(path_, raw.bytes());
+  EXPECT_EQ(TokenFile(path_, /*expected_vocab_size=*/50257).vocab_size(), 50257);
+  raw.tokens = {50256, 0, 50257, 31};
+  const std::string message = open_error(raw, 50257);
+  EXPECT_TRUE(contains(message,
+                       "token 50257 at position 2 is not below the vocab_size given for this llm.c shard "
+                       "50257"))
+      << message;
+}
+
+TEST_F(TokenDataFile, RejectsAnLlmcShardShorterThanItsHeader) {
+  const std::string message = open_error(RawShard().bytes().substr(0, 500));
+  EXPECT_TRUE(contains(message, "file is 500 bytes, shorter than the 1024-byte header of an llm.c token shard"))
+      << message;
+}
+
+TEST_F(TokenDataFile, RejectsAnLlmcShardOfAnotherVersionOrACountThatDisagrees) {
+  RawShard version;
+  version.version = 7;
+  const std::string a = open_error(version);
+  EXPECT_TRUE(contains(a, "llm.c shard version 7 is not supported (this reader knows version 1, u16 tokens)")) << a;
+  RawShard truncated;
+  truncated.count = 5;  // four tokens present
+  const std::string b = open_error(truncated);
+  EXPECT_TRUE(contains(b,
+                       "llm.c shard size mismatch: the header's count of 5 tokens needs 1034 bytes but the file "
+                       "has 1032 bytes (truncated)"))
+      << b;
+  RawShard trailing;
+  trailing.count = 3;
+  const std::string c = open_error(trailing);
+  EXPECT_TRUE(contains(c, "needs 1030 bytes but the file has 1032 bytes (trailing bytes)")) << c;
+  RawShard negative;
+  negative.count = -2;
+  const std::string d = open_error(negative);
+  EXPECT_TRUE(contains(d, "llm.c shard token count -2 is negative")) << d;
+  RawShard empty;
+  empty.tokens.clear();
+  empty.count = 0;
+  const std::string e = open_error(empty);
+  EXPECT_TRUE(contains(e, "llm.c shard holds zero tokens")) << e;
+}
+
+TEST_F(TokenDataFile, AWrongMagicNamesBothFormats) {
+  RawShard raw;
+  raw.magic = 20240521;
+  const std::string message = open_error(raw);
+  EXPECT_TRUE(contains(message,
+                       "not a token file: the first 8 bytes are not the magic \"MTTOKENS\" (nor do the "
+                       "first 4 hold llm.c's shard magic 20240520)"))
+      << message;
+}
+
 TEST_F(TokenDataFile, WriterValidatesBeforeTouchingTheFilesystem) {
   const std::string high = error_message_of([&] {
     mt::data::write_token_file(path_, std::vector<uint16_t>{1, 256, 2}, 256);
@@ -293,11 +545,19 @@ TEST_F(TokenDataFile, WriterValidatesBeforeTouchingTheFilesystem) {
       << high;
   const std::string empty = error_message_of([&] { mt::data::write_token_file(path_, std::vector<uint16_t>{}, 256); });
   EXPECT_TRUE(contains(empty, path_ + ": no tokens to write")) << empty;
-  for (int64_t vocab : {int64_t{0}, int64_t{65537}}) {
+  for (int64_t vocab : {int64_t{0}, int64_t{1} << 32}) {
     const std::string bad =
         error_message_of([&] { mt::data::write_token_file(path_, std::vector<uint16_t>{0}, vocab); });
-    EXPECT_TRUE(contains(bad, path_ + ": vocab_size " + std::to_string(vocab) + " is outside [1, 65536]")) << bad;
+    EXPECT_TRUE(contains(bad, path_ + ": vocab_size " + std::to_string(vocab) + " is outside [1, 4294967295]")) << bad;
   }
+  const std::string mask = error_message_of([&] {
+    mt::data::write_token_file(path_, std::vector<uint32_t>{1, 2, 3}, std::vector<uint8_t>{1, 2, 0}, 256);
+  });
+  EXPECT_TRUE(contains(mask, path_ + ": loss mask byte 2 at position 1 is not 0 or 1")) << mask;
+  const std::string short_mask = error_message_of([&] {
+    mt::data::write_token_file(path_, std::vector<uint32_t>{1, 2, 3}, std::vector<uint8_t>{1}, 256);
+  });
+  EXPECT_TRUE(contains(short_mask, path_ + ": the loss mask has 1 bytes for 3 tokens")) << short_mask;
   EXPECT_TRUE(dir_entries(dir_).empty());
 }
 
@@ -321,8 +581,9 @@ TEST_F(TokenDataFile, OverwritingReplacesTheExistingFile) {
   const TokenFile file(path_);
   EXPECT_EQ(file.size(), 2);
   EXPECT_EQ(file.vocab_size(), 10);
-  EXPECT_EQ(std::vector<uint16_t>(file.data(), file.data() + 2), (std::vector<uint16_t>{9, 8}));
-  EXPECT_EQ(std::vector<uint16_t>(old_file.data(), old_file.data() + 5), (std::vector<uint16_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(std::vector<uint16_t>(file.u16_tokens(), file.u16_tokens() + 2), (std::vector<uint16_t>{9, 8}));
+  EXPECT_EQ(std::vector<uint16_t>(old_file.u16_tokens(), old_file.u16_tokens() + 5),
+            (std::vector<uint16_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"corpus.tok"});
 }
 
