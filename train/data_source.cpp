@@ -12,16 +12,15 @@ int64_t count_targets(const Tensor& targets, int64_t ignore_index) {
   return count;
 }
 
-TokenData::TokenData(const std::string& path, const data::BatcherOptions& options)
-    : path_(path),
+TokenData::TokenData(const std::string& source, const data::BatcherOptions& options)
+    : source_(source),
       options_(options),
-      file_(std::make_unique<data::TokenFile>(path)),
-      batcher_(std::make_unique<data::TokenBatcher>(*file_, options)) {}
+      corpus_(std::make_unique<data::TokenCorpus>(source)),
+      batcher_(std::make_unique<data::TokenBatcher>(*corpus_, options)) {}
 
 Batch TokenData::next() {
   data::Batch batch = batcher_->next();
-  const int64_t count = batch.targets.numel();  // windows of a token file hold no ignored targets
-  return Batch{std::move(batch.inputs), std::move(batch.targets), count};
+  return Batch{std::move(batch.inputs), std::move(batch.targets), batch.count};
 }
 
 std::map<std::string, double> TokenData::state() const {
@@ -33,16 +32,18 @@ std::map<std::string, double> TokenData::state() const {
 
 void TokenData::restore(const std::map<std::string, double>& state) {
   for (const char* key : {"epoch", "index", "seed"}) {
-    MT_CHECK_T(FileError, state.count(key), "the checkpoint has no data position '", key, "' for ", path_);
+    MT_CHECK_T(FileError, state.count(key), "the checkpoint has no data position '", key, "' for ", source_);
   }
   batcher_->restore({static_cast<int64_t>(state.at("epoch")), static_cast<int64_t>(state.at("index")),
                      static_cast<uint64_t>(state.at("seed"))});
 }
 
 std::string TokenData::describe() const {
-  return with_commas(file_->size()) + " tokens in " + path_ + ", " + std::to_string(batcher_->batches_per_epoch()) +
-         " batches of " + std::to_string(options_.batch_size()) + "x" + std::to_string(options_.seq_len()) +
-         " per epoch and rank";
+  const int64_t shards = corpus_->num_shards();
+  const std::string where = shards == 1 ? source_ : std::to_string(shards) + " shards of " + source_;
+  return with_commas(corpus_->total_tokens()) + " tokens in " + where + ", " +
+         std::to_string(batcher_->batches_per_epoch()) + " batches of " + std::to_string(options_.batch_size()) + "x" +
+         std::to_string(options_.seq_len()) + " per epoch and rank";
 }
 
 }  // namespace mt::train

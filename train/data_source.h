@@ -3,6 +3,7 @@
 // uninterrupted run would have seen.
 //
 //   mt::train::TokenData data("train.tok", mt::data::BatcherOptions(16, 256).seed(1337));
+//   mt::train::TokenData shards("data/fineweb_train_*.bin", mt::data::BatcherOptions(16, 1024));
 //   mt::train::FunctionData data([&] { return mt::train::Batch{x, y}; });  // anything else
 #pragma once
 
@@ -12,8 +13,8 @@
 #include <memory>
 #include <string>
 
+#include "core/data/token_corpus.h"
 #include "core/data/token_dataset.h"
-#include "core/data/token_file.h"
 #include "core/tensor.h"
 
 namespace mt::train {
@@ -42,21 +43,23 @@ class DataSource {
   virtual std::string describe() const { return {}; }
 };
 
-// Next-token windows of a token file (mt::data::TokenBatcher: shuffled per epoch, rank-aware).
+// Next-token windows of a token file or a sharded corpus (a directory, a glob pattern: see
+// mt::data::TokenCorpus), through mt::data::TokenBatcher: shuffled per epoch, rank-aware,
+// targets under a loss mask ignored and not counted.
 class TokenData : public DataSource {
  public:
-  TokenData(const std::string& path, const data::BatcherOptions& options);
+  TokenData(const std::string& source, const data::BatcherOptions& options);
   Batch next() override;
   std::map<std::string, double> state() const override;
   void restore(const std::map<std::string, double>& state) override;
   std::string describe() const override;
-  const data::TokenFile& file() const { return *file_; }
+  const data::TokenCorpus& corpus() const { return *corpus_; }
   int64_t batches_per_epoch() const { return batcher_->batches_per_epoch(); }
 
  private:
-  std::string path_;
+  std::string source_;
   data::BatcherOptions options_;
-  std::unique_ptr<data::TokenFile> file_;  // the batcher keeps a reference: owned here, before it
+  std::unique_ptr<data::TokenCorpus> corpus_;  // the batcher keeps references: owned here, before it
   std::unique_ptr<data::TokenBatcher> batcher_;
 };
 

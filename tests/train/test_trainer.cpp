@@ -318,6 +318,27 @@ TEST_F(TrainerFiles, AResumedRunAppendsWithoutDuplicateSteps) {
   }
 }
 
+TEST_F(TrainerFiles, TokenDataReadsAShardedCorpusAndCountsOnlyTheTargetsOutsideTheLossMask) {
+  fs::create_directories(path("corpus"));
+  std::vector<uint32_t> prompt_and_answer(40);
+  for (size_t i = 0; i < prompt_and_answer.size(); ++i) prompt_and_answer[i] = static_cast<uint32_t>(i % 32);
+  std::vector<uint8_t> mask(40, 1);
+  std::fill(mask.begin(), mask.begin() + 10, uint8_t{0});  // a 10-token prompt
+  data::write_token_file(path("corpus/a.tok"), prompt_and_answer, mask, 32);
+  data::write_token_file(path("corpus/b.tok"), std::vector<uint16_t>(24, 5), 32);
+  // Windows of 8: 4 in a.tok (targets at 1..32, of which 1..9 are prompt), 2 in b.tok.
+  TokenData data(path("corpus"), data::BatcherOptions(2, 8).seed(1));
+  EXPECT_EQ(data.corpus().num_shards(), 2);
+  EXPECT_EQ(data.describe(), "64 tokens in 2 shards of " + path("corpus") + ", 3 batches of 2x8 per epoch and rank");
+  int64_t counted = 0;
+  for (int i = 0; i < 3; ++i) {
+    const Batch batch = data.next();
+    EXPECT_EQ(batch.count, count_targets(batch.targets));
+    counted += batch.count;
+  }
+  EXPECT_EQ(counted, 6 * 8 - 9);
+}
+
 TEST(Trainer, NvtxRangesOnOrOffLeaveTheStepsResultsUnchanged) {
   auto run = [](bool nvtx) {
     auto model = tiny_gpt();
