@@ -3,7 +3,8 @@
 
 Each seed is a small valid file, so the fuzzer starts from inputs that pass the readers'
 checks and mutates its way into the corners. Run it again after a format change; the
-layouts follow core/safetensors.h, core/data/token_file.h and PEFT's adapter_config.json.
+layouts follow core/safetensors.h, core/data/token_file.h (MTTOKENS versions 1 and 2, llm.c
+shards) and PEFT's adapter_config.json.
 """
 import json
 import pathlib
@@ -26,7 +27,22 @@ def safetensors(tensors, metadata=None):
 
 
 def token_file(tokens, vocab_size):
+    """Version 1: u16 tokens, no flags."""
     header = b"MTTOKENS" + struct.pack("<IIIIQ", 1, 2, vocab_size, 0, len(tokens))
+    return header + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+def token_file_v2(tokens, vocab_size, loss_mask=None):
+    """Version 2: u16 tokens up to a vocabulary of 65536, else u32; flags bit 0 and the mask after the tokens."""
+    width, code = (2, "H") if vocab_size <= 65536 else (4, "I")
+    flags = 1 if loss_mask is not None else 0
+    header = b"MTTOKENS" + struct.pack("<IIIIQ", 2, width, vocab_size, flags, len(tokens))
+    return header + struct.pack(f"<{len(tokens)}{code}", *tokens) + bytes(loss_mask or [])
+
+
+def llmc_shard(tokens):
+    """llm.c's .bin shard: 256 i32 of header (magic, version 1, count, zeros), then u16 tokens."""
+    header = struct.pack("<3i", 20240520, 1, len(tokens)) + bytes(253 * 4)
     return header + struct.pack(f"<{len(tokens)}H", *tokens)
 
 
@@ -78,6 +94,10 @@ SEEDS = {
         "bytes.tokens": token_file(list(b"hello, token file"), 256),
         "full_u16.tokens": token_file([0, 1, 65535, 40000, 7], 65536),
         "one_token.tokens": token_file([0], 1),
+        "v2_u16_masked.tokens": token_file_v2(list(b"Q: 2+2? A: 4"), 256, loss_mask=[0] * 8 + [1] * 4),
+        "v2_u32.tokens": token_file_v2([0, 65535, 65536, 199999, 123456], 200000),
+        "v2_u32_masked.tokens": token_file_v2([70000, 1, 2, 69999], 70001, loss_mask=[0, 1, 1, 0]),
+        "llmc_shard.bin": llmc_shard([50256, 15496, 11, 995, 0, 65535]),
     },
     "adapter_config": {
         "list_targets.json": adapter_config(),
