@@ -35,6 +35,12 @@ BpeModel::BpeModel(std::unordered_map<std::string, TokenId> vocab,
     : vocab_(std::move(vocab)), options_(options), cache_owner_(next_cache_owner++) {
   TokenId largest = 0;
   for (const auto& [token, id] : vocab_) largest = std::max(largest, id);
+  // Ids index a table, so they must be about as dense as real vocabularies are: a stray huge id
+  // would otherwise ask for gigabytes.
+  if (largest >= 4 * vocab_.size() + 65536) {
+    detail::fail_file(where, "the vocabulary's ids are sparse: the largest is ", largest, " for ", vocab_.size(),
+                      " tokens");
+  }
   id_to_token_.resize(vocab_.empty() ? 0 : size_t{largest} + 1);
   for (const auto& [token, id] : vocab_) {
     id_to_token_[id] = token;

@@ -39,7 +39,7 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
 fi
 read -r -a extra <<<"${MT_CMAKE_ARGS:-}"
 cmake -S . -B "$build" "${fresh[@]}" "${config[@]}" "${extra[@]}" >/dev/null
-cmake --build "$build" -j"$(nproc)" --target gpt_tokenize gpt_train gpt_lora gpt_generate
+cmake --build "$build" -j"$(nproc)" --target mt_tokenize gpt_train gpt_lora gpt_generate
 echo "demo.sh: built in $((SECONDS - start)) s"
 
 work="${DEMO_DIR:-$build/demo}"
@@ -55,9 +55,9 @@ mapfile -t perl_modules < <(find "${perl_dir:-/nonexistent}" -maxdepth 1 -name '
 ((${#perl_modules[@]} > 0)) || { echo "demo.sh: cannot find perl-base's modules (is perl installed?)" >&2; exit 1; }
 
 echo "demo.sh: === 1. tokenize (bytes) ==="
-"$bin/gpt_tokenize" --output "$work/licences.tok" --val-output "$work/licences_val.tok" --val-fraction 0.05 \
+"$bin/mt_tokenize" --output "$work/licences.tok" --val-output "$work/licences_val.tok" --val-fraction 0.05 \
   "${licences[@]}"
-"$bin/gpt_tokenize" --output "$work/perl.tok" --val-output "$work/perl_val.tok" --val-fraction 0.05 \
+"$bin/mt_tokenize" --output "$work/perl.tok" --val-output "$work/perl_val.tok" --val-fraction 0.05 \
   "${perl_modules[@]}"
 
 echo "demo.sh: === 2. pretrain a GPT on the licences ($device) ==="

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
-  train_flags.add_to(app, "token file of the fine-tuning text (from gpt_tokenize)");
+  train_flags.add_to(app, "token file of the fine-tuning text (from mt_tokenize)");
   app.add_option("--base", base, "base model directory (config.json, model.safetensors), e.g. from gpt_train")
       ->required()
       ->check(CLI::ExistingDirectory);

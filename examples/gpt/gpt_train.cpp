@@ -1,7 +1,7 @@
 // Pretrains a GPT (GPT-2 architecture, byte-level vocabulary) from scratch on a token file, or
 // goes on training one (--init-from), and saves it as a Hugging Face GPT-2 directory.
 //
-//   build/examples/gpt_tokenize --output train.tok licences/*
+//   build/examples/mt_tokenize --output train.tok licences/*
 //   build/examples/gpt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
 //
 // The saved directory (config.json + model.safetensors, and the tokenizer files of --init-from's
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
-  train_flags.add_to(app, "training token file (from gpt_tokenize)");
+  train_flags.add_to(app, "training token file (from mt_tokenize)");
   app.add_option("--out", out, "directory to save the model to (config.json, model.safetensors)")->required();
   CLI::Option* init_option =
       app.add_option("--init-from", init_from,

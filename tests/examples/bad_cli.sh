@@ -12,7 +12,7 @@ setup_fail() { echo "FAIL: setup: $*"; exit 1; }
 for i in $(seq 1 100); do echo "the licence grants permission number $i to copy and distribute the work."; done \
   >"$w/a.txt"
 : >"$w/e.txt"
-"$bin/gpt_tokenize" --output "$w/a.tok" "$w/a.txt" >/dev/null || setup_fail "gpt_tokenize"
+"$bin/mt_tokenize" --output "$w/a.tok" "$w/a.txt" >/dev/null || setup_fail "mt_tokenize"
 # A valid token file whose vocabulary (1000) is larger than the byte-level models' (256):
 # magic, version 1, 2 bytes per token, vocab_size 1000, reserved 0, count 3, tokens 1 2 999.
 printf 'MTTOKENS\x01\0\0\0\x02\0\0\0\xe8\x03\0\0\0\0\0\0\x03\0\0\0\0\0\0\0\x01\0\x02\0\xe7\x03' >"$w/big.tok"
@@ -87,8 +87,8 @@ check min_lr_ratio_out_of_range "gpt_train: --min-lr-ratio: expected a number fr
   --data "$w/a.tok" --min-lr-ratio 2
 check lora_dropout_out_of_range "gpt_lora: --lora-dropout: expected a number from 0 to 0.99, got -0.1" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --lora-dropout -0.1
-check val_fraction_out_of_range "gpt_tokenize: --val-fraction: expected a number from 0 to 1, got 2" \
-  "$bin/gpt_tokenize" --output "$w/x.tok" --val-output "$w/v.tok" --val-fraction 2 "$w/a.txt"
+check val_fraction_out_of_range "mt_tokenize: --val-fraction: expected a number from 0 to 1, got 2" \
+  "$bin/mt_tokenize" --output "$w/x.tok" --val-output "$w/v.tok" --val-fraction 2 "$w/a.txt"
 check mlp_momentum_out_of_range "mlp: --momentum: expected a number from 0 to 0.999, got 1" "$bin/mlp" --momentum 1
 check mlp_min_accuracy_out_of_range "mlp: --min-accuracy: expected a number from 0 to 1, got 95" "$bin/mlp" \
   --min-accuracy 95
@@ -163,10 +163,10 @@ check data_vocab_too_large "$w/big.tok: the token file's vocab_size 1000 is larg
   "${train[@]}" --data "$w/big.tok"
 check data_shorter_than_a_window "$w/a.tok: 7292 tokens are too few for one window of seq_len 10000" "${train[@]}" \
   --data "$w/a.tok" --seq-len 10000
-check tokenize_input_missing "$w/nope.txt: cannot open: No such file or directory" "$bin/gpt_tokenize" \
+check tokenize_input_missing "$w/nope.txt: cannot open: No such file or directory" "$bin/mt_tokenize" \
   --output "$w/x.tok" "$w/nope.txt"
-check tokenize_input_empty "the input file '$w/e.txt' is empty" "$bin/gpt_tokenize" --output "$w/x.tok" "$w/e.txt"
-check tokenize_no_training_tokens "7,292 tokens leave no training tokens with --val-fraction 1" "$bin/gpt_tokenize" \
+check tokenize_input_empty "the input file '$w/e.txt' is empty" "$bin/mt_tokenize" --output "$w/x.tok" "$w/e.txt"
+check tokenize_no_training_tokens "7,292 tokens leave no training tokens with --val-fraction 1" "$bin/mt_tokenize" \
   --output "$w/x.tok" --val-output "$w/v.tok" --val-fraction 1 "$w/a.txt"
 
 # Model and adapter directories.

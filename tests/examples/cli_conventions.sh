@@ -47,7 +47,7 @@ expect() {
 }
 
 for i in $(seq 1 100); do echo "line $i of the text the model learns."; done >"$w/a.txt"
-"$bin/gpt_tokenize" --output "$w/a.tok" "$w/a.txt" >/dev/null || { echo "FAIL: setup: gpt_tokenize"; exit 1; }
+"$bin/mt_tokenize" --output "$w/a.tok" "$w/a.txt" >/dev/null || { echo "FAIL: setup: mt_tokenize"; exit 1; }
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then auto="cuda:0, bf16 autocast"
 else auto="cpu, f32"; fi
 run_args() {  # run_args <program>: a few quick steps

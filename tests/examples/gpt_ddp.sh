@@ -7,7 +7,7 @@ bin=$1 mpirun=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 300); do echo "the licence grants permission number $i to copy and distribute the work."; done \
   >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" "$work/a.txt"
+"$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt"
 run=("$mpirun" --allow-run-as-root --oversubscribe -np 2)
 common=(--device cpu --seq-len 32 --batch-size 4 --log-every 10 --sample-tokens 20)
 "${run[@]}" "$bin/gpt_train" --data "$work/a.tok" --out "$work/model" --layers 2 --heads 2 --embd 32 --steps 30 \

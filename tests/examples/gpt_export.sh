@@ -8,7 +8,7 @@ bin=$1 work=$2
 fail() { echo "FAIL: $*"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 100); do echo "line $i of a small text to train on, again and again."; done >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "tokenize"
+"$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "tokenize"
 train=("$bin/gpt_train" --device cpu --data "$work/a.tok" --seq-len 16 --batch-size 2 --steps 4 --sample-tokens 0)
 
 "${train[@]}" --layers 1 --heads 2 --embd 16 --out "$work/model" --save-dir "$work/ck" >"$work/train.log" ||

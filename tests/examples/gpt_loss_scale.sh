@@ -9,7 +9,7 @@ bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 for i in $(seq 1 100); do echo "line $i of the text the model learns."; done >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "gpt_tokenize"
+"$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "mt_tokenize"
 "$bin/gpt_train" --device cpu --amp fp16 --data "$work/a.tok" --layers 1 --heads 2 --embd 16 --seq-len 16 \
   --batch-size 2 --steps 24 --warmup 0 --lr 1e4 --log-every 1 --sample-tokens 0 --out "$work/model" \
   >"$work/train.log" 2>&1 || { tail -n 5 "$work/train.log"; fail "gpt_train exited with status $?"; }

@@ -12,8 +12,8 @@ for i in $(seq 1 300); do echo "the licence grants permission number $i to copy 
   >"$work/a.txt"
 for i in $(seq 1 300); do echo "sub f$i { my (\$x) = @_; return \$x * $i; }"; done >"$work/b.txt"
 
-"$bin/gpt_tokenize" --output "$work/a.tok" --val-output "$work/a_val.tok" --val-fraction 0.1 "$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/b.tok" "$work/b.txt"
+"$bin/mt_tokenize" --output "$work/a.tok" --val-output "$work/a_val.tok" --val-fraction 0.1 "$work/a.txt"
+"$bin/mt_tokenize" --output "$work/b.tok" "$work/b.txt"
 
 common=(--device "$device" --seq-len 32 --batch-size 8 --log-every 10 --sample-tokens 40)
 "$bin/gpt_train" --data "$work/a.tok" --val-data "$work/a_val.tok" --out "$work/model" --layers 2 --heads 2 \

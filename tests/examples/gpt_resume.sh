@@ -15,7 +15,7 @@ rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 for i in $(seq 1 200); do echo "line $i of the text the model learns, with words that repeat and repeat."; done \
   >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "tokenize"
+"$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "tokenize"
 train=("$bin/gpt_train" --device "$device" "${extra[@]}" --data "$work/a.tok" --layers 2 --heads 2 --embd 32 --seq-len 32
        --batch-size 4 --dropout 0.1 --lr 3e-3 --log-every 1 --sample-tokens 0)
 steps() { grep -E "step +[0-9]+/" "$1" | sed -E 's/ \| [0-9,]+ tok\/s.*//'; }  # step, loss, lr

@@ -36,7 +36,7 @@ check mlp "step +[0-9]+" "is below --min-accuracy" "$bin/mlp" --device cpu --ste
   --points-per-class 50 --min-accuracy 1
 # gpt_train fails after training when it cannot write the model (--out under a regular file).
 for i in $(seq 1 100); do echo "line $i of the text the model learns."; done >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || { echo "FAIL: setup: gpt_tokenize"; exit 1; }
+"$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || { echo "FAIL: setup: mt_tokenize"; exit 1; }
 : >"$work/file"
 check gpt_train "step +[0-9]+/" "$work/file/model" "$bin/gpt_train" --device cpu --data "$work/a.tok" --layers 1 \
   --heads 2 --embd 16 --seq-len 16 --batch-size 2 --steps 6 --log-every 2 --sample-tokens 0 --out "$work/file/model"

@@ -19,7 +19,7 @@ fi
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 200); do echo "line $i of the text the model learns, with words that repeat and repeat."; done \
   >"$work/a.txt"
-"$bin/gpt_tokenize" --output "$work/a.tok" --val-output "$work/a_val.tok" --val-fraction 0.1 "$work/a.txt" \
+"$bin/mt_tokenize" --output "$work/a.tok" --val-output "$work/a_val.tok" --val-fraction 0.1 "$work/a.txt" \
   >/dev/null || fail "tokenize"
 train=("$bin/gpt_train" --device cpu --data "$work/a.tok" --val-data "$work/a_val.tok" --eval-batches 2
        --layers 2 --heads 2 --embd 32 --seq-len 32 --batch-size 4 --lr 3e-3 --sample-tokens 0 --steps 12
