@@ -5,6 +5,7 @@
 #   tools/fuzz.sh               1,000,000 runs per target
 #   tools/fuzz.sh --runs N      N runs per target
 #   tools/fuzz.sh --time S      S seconds per target
+#   tools/fuzz.sh ... NAME...   only the targets named (fuzz_token_file, fuzz_tokenizer_json, ...)
 #   MT_FUZZ_BUILD_DIR  build folder (default: build-fuzz)
 #   MT_FUZZ_JOBS       parallel compile jobs (default: nproc)
 # Prints one line per target: "fuzz.sh: <target>: <N> runs in <S> s: no crash", or what failed,
@@ -14,15 +15,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  echo "usage: tools/fuzz.sh [--time SECONDS | --runs N]" >&2
+  echo "usage: tools/fuzz.sh [--time SECONDS | --runs N] [TARGET...]" >&2
   exit 2
 }
 limit=(-runs=1000000)
 case "${1:-}" in
-  "") ;;
-  --runs) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; limit=(-runs="$2") ;;
-  --time) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; limit=(-max_total_time="$2") ;;
-  *) usage ;;
+  --runs) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; limit=(-runs="$2"); shift 2 ;;
+  --time) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; limit=(-max_total_time="$2"); shift 2 ;;
+  -*) usage ;;
 esac
 
 if ! command -v clang++ >/dev/null || ! command -v clang >/dev/null; then
@@ -32,7 +32,14 @@ fi
 
 build="${MT_FUZZ_BUILD_DIR:-build-fuzz}"
 jobs="${MT_FUZZ_JOBS:-$(nproc)}"
-targets=(fuzz_safetensors fuzz_adapter_config fuzz_token_file)
+targets=(fuzz_safetensors fuzz_adapter_config fuzz_token_file fuzz_tokenizer_json fuzz_gpt2_files fuzz_tokenizer_encode
+         fuzz_finetune_jsonl)
+if (($# > 0)); then
+  for name in "$@"; do
+    [[ " ${targets[*]} " == *" $name "* ]] || { echo "fuzz.sh: no target '$name' (targets: ${targets[*]})" >&2; exit 2; }
+  done
+  targets=("$@")
+fi
 
 # Ninja only for a fresh build folder: CMake refuses to switch generators in an existing one.
 generator=()
