@@ -177,6 +177,11 @@ class TemplateProcessor : public PostProcessor {
     ids.insert(ids.begin(), before_.begin(), before_.end());
     ids.insert(ids.end(), after_.begin(), after_.end());
   }
+  std::vector<TokenId> added_ids() const override {
+    std::vector<TokenId> all = before_;
+    all.insert(all.end(), after_.begin(), after_.end());
+    return all;
+  }
 
  private:
   std::vector<TokenId> before_, after_;
@@ -187,6 +192,14 @@ class SequenceProcessor : public PostProcessor {
   explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> steps) : steps_(std::move(steps)) {}
   void add_special_tokens(std::vector<TokenId>& ids) const override {
     for (const auto& step : steps_) step->add_special_tokens(ids);
+  }
+  std::vector<TokenId> added_ids() const override {
+    std::vector<TokenId> all;
+    for (const auto& step : steps_) {
+      const auto ids = step->added_ids();
+      all.insert(all.end(), ids.begin(), ids.end());
+    }
+    return all;
   }
 
  private:

@@ -11,7 +11,7 @@ nlohmann::json parse_object(std::string_view line, const std::string& path, size
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers too large
     detail::fail_file(path, "line ", line_number, ": not valid JSON: ", e.what());
   }
   if (!object.is_object()) detail::fail_file(path, "line ", line_number, ": not a JSON object");

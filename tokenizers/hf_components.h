@@ -43,6 +43,7 @@ class PostProcessor {
  public:
   virtual ~PostProcessor() = default;
   virtual void add_special_tokens(std::vector<TokenId>& ids) const = 0;
+  virtual std::vector<TokenId> added_ids() const = 0;  // every id it may add, to check against the vocabulary
 };
 
 // Each returns nullptr for a JSON null. `where` names the file in errors.

@@ -22,7 +22,7 @@ std::string read_file(const std::string& path) {
 json parse_json_file(const std::string& path) {
   try {
     return json::parse(read_file(path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers too large
     detail::fail_file(path, "not valid JSON: ", e.what());
   }
 }
@@ -125,7 +125,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_json_file(const std::string& path
   t->post_processor_ = parse_post_processor(root.value("post_processor", json()), path);
   const bool byte_level = t->pre_tokenizer_ && t->pre_tokenizer_->byte_level();
   t->finish(parse_added_tokens(root.value("added_tokens", json()), path),
-            std::string(byte_level ? "byte-level BPE" : "BPE") + " (" + path + ")");
+            std::string(byte_level ? "byte-level BPE" : "BPE") + " (" + path + ")", path);
   return t;
 }
 
@@ -157,11 +157,11 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_gpt2_files(const std::string& voc
   t->model_ = std::make_unique<BpeModel>(std::move(vocab), merges, BpeOptions{}, merges_path);
   t->pre_tokenizer_ = gpt2_pre_tokenizer();
   t->decoder_ = byte_level_decoder();
-  t->finish(std::move(added), "byte-level BPE (" + vocab_path + ", " + merges_path + ")");
+  t->finish(std::move(added), "byte-level BPE (" + vocab_path + ", " + merges_path + ")", vocab_path);
   return t;
 }
 
-void HfTokenizer::finish(std::vector<AddedTokenSpec> added, std::string description) {
+void HfTokenizer::finish(std::vector<AddedTokenSpec> added, std::string description, const std::string& where) {
   added_ = std::move(added);
   std::vector<AddedTokenSpec> raw, normalized;
   vocab_size_ = model_->size();
@@ -173,6 +173,12 @@ void HfTokenizer::finish(std::vector<AddedTokenSpec> added, std::string descript
   raw_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(raw));
   normalized_matcher_ = std::make_unique<AddedTokenMatcher>(std::move(normalized));
   description_ = std::move(description) + ", " + std::to_string(vocab_size_) + " ids";
+  for (const TokenId id : post_processor_ ? post_processor_->added_ids() : std::vector<TokenId>{}) {
+    if (id >= vocab_size_) {
+      detail::fail_file(where, "post_processor adds id ", id, ", which is outside the vocabulary (", vocab_size_,
+                        " ids)");
+    }
+  }
 }
 
 void HfTokenizer::encode_segment(std::string_view segment, bool at_start, std::vector<TokenId>& ids) const {

@@ -34,7 +34,7 @@ class HfTokenizer : public Tokenizer {
 
  private:
   HfTokenizer() = default;
-  void finish(std::vector<AddedTokenSpec> added, std::string description);
+  void finish(std::vector<AddedTokenSpec> added, std::string description, const std::string& where);
   void encode_segment(std::string_view segment, bool at_start, std::vector<TokenId>& ids) const;
 
   std::unique_ptr<BpeModel> model_;

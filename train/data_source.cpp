@@ -1,5 +1,7 @@
 #include "train/data_source.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "core/format.h"
 
@@ -38,12 +40,33 @@ void TokenData::restore(const std::map<std::string, double>& state) {
                      static_cast<uint64_t>(state.at("seed"))});
 }
 
+namespace {
+
+// ", loss mask: 34.4% of tokens are targets" for fine-tuning data; "" without a mask.
+std::string loss_mask_summary(const data::TokenCorpus& corpus) {
+  if (!corpus.has_loss_mask()) return "";
+  int64_t targets = 0;
+  for (const auto& shard : corpus.shards()) {
+    if (!shard.has_loss_mask()) {
+      targets += shard.size();
+      continue;
+    }
+    for (int64_t i = 0; i < shard.size(); ++i) targets += shard.loss_mask()[i];
+  }
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.1f%%",
+                100.0 * static_cast<double>(targets) / static_cast<double>(corpus.total_tokens()));
+  return std::string(", loss mask: ") + percent + " of tokens are targets";
+}
+
+}  // namespace
+
 std::string TokenData::describe() const {
   const int64_t shards = corpus_->num_shards();
   const std::string where = shards == 1 ? source_ : std::to_string(shards) + " shards of " + source_;
   return with_commas(corpus_->total_tokens()) + " tokens in " + where + ", " +
          std::to_string(batcher_->batches_per_epoch()) + " batches of " + std::to_string(options_.batch_size()) + "x" +
-         std::to_string(options_.seq_len()) + " per epoch and rank";
+         std::to_string(options_.seq_len()) + " per epoch and rank" + loss_mask_summary(*corpus_);
 }
 
 }  // namespace mt::train

@@ -1,5 +1,5 @@
-// Samples text from a GPT saved by gpt_train (or any byte-level GPT-2 directory), with
-// or without a LoRA adapter.
+// Samples text from a GPT saved by gpt_train (or any GPT-2 directory), with or without a LoRA
+// adapter, through the tokenizer saved in the model directory (or --tokenizer).
 //
 //   build/examples/gpt_generate --model model/ --adapter adapter/ --prompt "The " --tokens 300
 #include <CLI/CLI.hpp>
@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Generate text with a GPT, optionally with a LoRA adapter"};
   example::setup(app, "gpt_generate");
   example::PlacementFlags placement_flags;
-  std::string model_dir, adapter_dir, prompt = "The ";
+  std::string model_dir, adapter_dir, tokenizer_path, prompt = "The ";
   int64_t tokens = 200, top_k = 40;
   double temperature = 0.8;
   uint64_t seed = example::kDefaultSeed;
@@ -25,9 +25,11 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--adapter", adapter_dir, "LoRA adapter directory (adapter_config.json, adapter_model.safetensors)")
       ->check(CLI::ExistingDirectory);
+  app.add_option("--tokenizer", tokenizer_path,
+                 "tokenizer directory or file (default: the model directory's, else bytes)");
   app.add_flag("--merge", merge, "merge the adapter into the weights before sampling (same text, faster)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  app.add_option("--tokens", tokens, "tokens (bytes) to generate")->capture_default_str()->check(example::positive());
+  app.add_option("--tokens", tokens, "tokens to generate")->capture_default_str()->check(example::positive());
   app.add_option("--temperature", temperature, "softmax temperature (0: greedy)")
       ->capture_default_str()
       ->check(example::non_negative());
@@ -40,13 +42,14 @@ int main(int argc, char** argv) {
   try {
     const example::Placement placement = placement_flags.resolve();
     const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(model_dir);
+    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, model_dir);
     model->to(placement.device);
     if (!adapter_dir.empty()) {
       mt::nn::load_adapter(*model, adapter_dir);
       if (merge) mt::nn::merge_lora(*model);
     }
     model->eval();
-    std::printf("%s\n", gpt_example::sample_text(*model, prompt, tokens, temperature, top_k, seed).c_str());
+    std::printf("%s\n", gpt_example::sample_text(*model, *tokenizer, prompt, tokens, temperature, top_k, seed).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_generate: %s\n", e.what());
     return 2;

@@ -13,6 +13,7 @@
 #include "examples/gpt/trainer.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
+#include "train/model_directory.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Fine-tune a GPT with LoRA adapters"};
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   train_flags.lr = 2e-3;
   train_flags.warmup = 20;
   train_flags.weight_decay = 0.0;
-  std::string base, adapter_out, merged_out, targets = "c_attn,c_proj,c_fc";
+  std::string base, adapter_out, merged_out, tokenizer_path, targets = "c_attn,c_proj,c_fc";
   mt::nn::LoRAOptions lora;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
   app.add_option("--base", base, "base model directory (config.json, model.safetensors), e.g. from gpt_train")
       ->required()
       ->check(CLI::ExistingDirectory);
+  app.add_option("--tokenizer", tokenizer_path,
+                 "tokenizer directory or file of the samples (default: --base's, else bytes)");
   app.add_option("--adapter-out", adapter_out, "directory to save the adapter to (PEFT layout)")->required();
   app.add_option("--merged-out", merged_out, "also merge the adapter into the base and save the model here");
   app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(example::positive());
@@ -55,14 +58,16 @@ int main(int argc, char** argv) {
     lora.target_modules = gpt_example::split_commas(targets);
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(base);
+    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, base);
+    mt::tok::check_vocab_fits(*tokenizer, model->config().vocab_size, "gpt_lora");
     model->to(placement.device);
     model->eval();
     auto sample = [&](const char* when) {
       if (sample_tokens == 0 || !placement.is_main()) return;
-      std::printf(
-          "gpt_lora: sample %s fine-tuning:\n%s\n", when,
-          gpt_example::sample_text(*model, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40, train_flags.seed)
-              .c_str());
+      std::printf("gpt_lora: sample %s fine-tuning:\n%s\n", when,
+                  gpt_example::sample_text(*model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40,
+                                           train_flags.seed)
+                      .c_str());
     };
     sample("before");
     std::optional<double> val_before;
@@ -97,6 +102,8 @@ int main(int argc, char** argv) {
     if (!merged_out.empty()) {
       mt::nn::merge_and_unload(*model);
       model->save_pretrained(merged_out);
+      mt::train::copy_tokenizer_files(tokenizer_path.empty() ? base : gpt_example::tokenizer_directory(tokenizer_path),
+                                      merged_out);
       std::printf("gpt_lora: merged model saved to %s\n", merged_out.c_str());
     }
   } catch (const std::exception& e) {

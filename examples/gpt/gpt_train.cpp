@@ -14,7 +14,6 @@
 #include <filesystem>
 
 #include "core/atomic_file.h"
-#include "core/data/byte_tokenizer.h"
 #include "examples/gpt/trainer.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
@@ -25,12 +24,11 @@ int main(int argc, char** argv) {
   example::PlacementFlags placement_flags;
   gpt_example::TrainFlags train_flags;
   mt::nn::GPTConfig config;
-  config.vocab_size = mt::data::ByteTokenizer().vocab_size();
   config.n_layer = 4;
   config.n_head = 4;
   config.n_embd = 128;
   config.n_positions = 0;  // 0: --seq-len
-  std::string out, init_from;
+  std::string out, init_from, tokenizer_path;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
@@ -40,6 +38,9 @@ int main(int argc, char** argv) {
       app.add_option("--init-from", init_from,
                      "start from this model directory (config.json, model.safetensors) instead of a random model")
           ->check(CLI::ExistingDirectory);
+  app.add_option("--tokenizer", tokenizer_path,
+                 "tokenizer directory or file; sets a new model's vocabulary and is saved with the model "
+                 "(default: --init-from's tokenizer, else bytes)");
   app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(example::positive());
   app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(example::positive());
   app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(example::positive());
@@ -59,20 +60,27 @@ int main(int argc, char** argv) {
   try {
     const example::Placement placement = placement_flags.resolve();
     if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
+    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, init_from);
+    config.vocab_size = tokenizer->vocab_size();
+    // The files saved beside the model: --tokenizer's, else --init-from's.
+    const std::string tokenizer_dir =
+        tokenizer_path.empty() ? init_from : gpt_example::tokenizer_directory(tokenizer_path);
     mt::manual_seed(train_flags.seed);
     mt::Generator init(train_flags.seed);
     const std::shared_ptr<mt::nn::GPT> loaded =
         init_from.empty() ? std::make_shared<mt::nn::GPT>(config, &init) : mt::nn::GPT::from_pretrained(init_from);
     mt::nn::GPT& model = *loaded;
     config = model.config();
+    mt::tok::check_vocab_fits(*tokenizer, config.vocab_size, "gpt_train");
     model.to(placement.device);
     if (placement.is_main() && !train_flags.checkpoints.save_dir.empty()) {
       // gpt_export reads it to rebuild the model of a checkpoint.
       std::filesystem::create_directories(train_flags.checkpoints.save_dir);
       mt::write_file_atomically(train_flags.checkpoints.save_dir + "/config.json", "GPT-2 config", config.to_json());
-      if (!init_from.empty()) mt::train::copy_tokenizer_files(init_from, train_flags.checkpoints.save_dir);
+      if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, train_flags.checkpoints.save_dir);
     }
     if (placement.is_main()) {
+      std::printf("gpt_train: tokenizer: %s\n", tokenizer->description().c_str());
       std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
                   static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
                   static_cast<long long>(config.n_embd), static_cast<long long>(config.n_positions),
@@ -82,13 +90,13 @@ int main(int argc, char** argv) {
     const gpt_example::TrainResult result = gpt_example::train(model, train_flags, placement, "gpt_train");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
     model.save_pretrained(out);
-    if (!init_from.empty()) mt::train::copy_tokenizer_files(init_from, out);
+    if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, out);
     std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
                 result.seconds, out.c_str());
     if (sample_tokens > 0) {
       model.eval();
       std::printf("gpt_train: sample:\n%s\n",
-                  gpt_example::sample_text(model, prompt, sample_tokens, /*temperature=*/0.8,
+                  gpt_example::sample_text(model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8,
                                            /*top_k=*/40, train_flags.seed)
                       .c_str());
     }

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <sstream>
 
-#include "core/data/byte_tokenizer.h"
+#include <filesystem>
+
+#include "core/data/token_corpus.h"
 #include "core/data/token_dataset.h"
 #include "core/nvtx.h"
 #include "ops/ops.h"
@@ -139,18 +141,22 @@ double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size,
   mt::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  const mt::data::TokenFile file(path);
-  mt::data::TokenBatcher batcher(file, mt::data::BatcherOptions(batch_size, seq_len).shuffle(false));
+  const mt::data::TokenCorpus corpus(path);
+  mt::data::TokenBatcher batcher(corpus, mt::data::BatcherOptions(batch_size, seq_len).shuffle(false));
   const int64_t n = std::min(batches, batcher.batches_per_epoch());
-  double total = 0;
+  double weighted = 0, counted = 0;
   for (int64_t i = 0; i < n; ++i) {
     const mt::data::Batch batch = batcher.next();
+    if (batch.count == 0) continue;  // every target masked: nothing to average
     mt::AutocastGuard autocast(placement.device.type, placement.amp.value_or(mt::DType::bf16),
                                placement.amp.has_value());
-    total += model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device)).item();
+    const double loss = model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device)).item();
+    weighted += loss * static_cast<double>(batch.count);
+    counted += static_cast<double>(batch.count);
   }
   model.train(was_training);
-  return total / static_cast<double>(n);
+  MT_CHECK(counted > 0, path, ": the first ", n, " validation batches hold no target outside the loss mask");
+  return weighted / counted;
 }
 
 TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Placement& placement,
@@ -159,9 +165,9 @@ TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Pl
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
   {
-    const mt::data::TokenFile file(flags.data);  // checked before windows are cut from it
-    MT_CHECK(file.vocab_size() <= model.config().vocab_size, flags.data, ": the token file's vocab_size ",
-             file.vocab_size(), " is larger than the model's vocab_size ", model.config().vocab_size);
+    const mt::data::TokenCorpus corpus(flags.data);  // checked before windows are cut from it
+    MT_CHECK(corpus.vocab_size() <= model.config().vocab_size, flags.data, ": the token file's vocab_size ",
+             corpus.vocab_size(), " is larger than the model's vocab_size ", model.config().vocab_size);
   }
   mt::train::TokenData data(flags.data, batches(flags, placement, /*shuffle=*/true));
   MT_CHECK(flags.seq_len <= model.config().n_positions, "--seq-len ", flags.seq_len,
@@ -193,16 +199,36 @@ TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Pl
 
 // ------------------------------------------------------------------ text
 
-std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int64_t new_tokens, double temperature,
-                        int64_t top_k, uint64_t seed) {
-  const mt::data::ByteTokenizer tokenizer;
-  const std::vector<uint16_t> encoded = tokenizer.encode(prompt);
+std::unique_ptr<mt::tok::Tokenizer> tokenizer_for(const std::string& flag, const std::string& model_dir) {
+  if (!flag.empty()) return mt::tok::load_tokenizer(flag);
+  for (const char* file : {"tokenizer.json", "vocab.json", "tokenizer.model"}) {
+    if (!model_dir.empty() && std::filesystem::exists(std::filesystem::path(model_dir) / file)) {
+      return mt::tok::load_tokenizer(model_dir);
+    }
+  }
+  return mt::tok::load_tokenizer("bytes");
+}
+
+std::string tokenizer_directory(const std::string& flag) {
+  if (flag.empty() || flag == "bytes") return "";
+  return std::filesystem::is_directory(flag) ? flag : std::filesystem::path(flag).parent_path().string();
+}
+
+std::string sample_text(const mt::nn::GPT& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed) {
+  mt::tok::check_vocab_fits(tokenizer, model.config().vocab_size, "sampling");
+  const std::vector<mt::tok::TokenId> encoded = tokenizer.encode(prompt, /*add_special_tokens=*/true);
   std::vector<int64_t> ids(encoded.begin(), encoded.end());
   mt::Generator generator(seed);
   const std::vector<int64_t> out =
       mt::nn::generate(model, ids, mt::nn::GenerateOptions{new_tokens, temperature, top_k}, &generator);
+  std::vector<mt::tok::TokenId> out_ids;
+  for (const int64_t id : out) {
+    // A model may have more rows than its tokenizer has ids (padded vocabularies): such ids are not text.
+    if (id < tokenizer.vocab_size()) out_ids.push_back(static_cast<mt::tok::TokenId>(id));
+  }
   std::string text;
-  for (unsigned char c : tokenizer.decode(out)) {
+  for (unsigned char c : tokenizer.decode(out_ids, /*skip_special_tokens=*/true)) {
     if (c == '\n' || c == '\t' || (c >= 0x20 && c != 0x7f)) {
       text += static_cast<char>(c);
     } else {

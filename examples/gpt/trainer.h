@@ -14,6 +14,7 @@
 #include "core/format.h"
 #include "examples/common/cli.h"
 #include "ops/nn/gpt.h"
+#include "tokenizers/tokenizer.h"
 #include "train/trainer.h"
 
 namespace gpt_example {
@@ -61,13 +62,20 @@ struct TrainResult {
 TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Placement& placement,
                   const std::string& tag);
 
-// Mean loss over the first `batches` windows of `path` (file order), in eval mode, no gradient.
+// Mean loss per target over the first `batches` batches of `path` (a token file or shards, in
+// order), in eval mode, no gradient; targets outside a loss mask do not count.
 double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
                 const example::Placement& placement);
 
-// A sample continuation of `prompt`, decoded as text (bytes that are not printable are escaped).
-std::string sample_text(const mt::nn::GPT& model, const std::string& prompt, int64_t new_tokens, double temperature,
-                        int64_t top_k, uint64_t seed);
+// The tokenizer of a run: `flag` (--tokenizer) when given, else the one saved in `model_dir` when
+// it holds tokenizer files, else the byte tokenizer.
+std::unique_ptr<mt::tok::Tokenizer> tokenizer_for(const std::string& flag, const std::string& model_dir);
+// The directory whose tokenizer files describe `flag`'s tokenizer ("" for the byte tokenizer).
+std::string tokenizer_directory(const std::string& flag);
+
+// A sample continuation of `prompt`, decoded as text (control characters are escaped).
+std::string sample_text(const mt::nn::GPT& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed);
 
 using mt::with_commas;  // "1,234,567"
 

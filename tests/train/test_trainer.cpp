@@ -329,7 +329,9 @@ TEST_F(TrainerFiles, TokenDataReadsAShardedCorpusAndCountsOnlyTheTargetsOutsideT
   // Windows of 8: 4 in a.tok (targets at 1..32, of which 1..9 are prompt), 2 in b.tok.
   TokenData data(path("corpus"), data::BatcherOptions(2, 8).seed(1));
   EXPECT_EQ(data.corpus().num_shards(), 2);
-  EXPECT_EQ(data.describe(), "64 tokens in 2 shards of " + path("corpus") + ", 3 batches of 2x8 per epoch and rank");
+  // 54 of the 64 tokens are targets: all of b.tok and the 30 answer tokens of a.tok.
+  EXPECT_EQ(data.describe(), "64 tokens in 2 shards of " + path("corpus") +
+                                 ", 3 batches of 2x8 per epoch and rank, loss mask: 84.4% of tokens are targets");
   int64_t counted = 0;
   for (int i = 0; i < 3; ++i) {
     const Batch batch = data.next();
