@@ -20,9 +20,12 @@ fi
 # libprotobuf-dev and protobuf-compiler: TensorBoard event files (train/tensorboard.h; optional, the
 # build says when they are missing); python3-venv: .ci/run's venv with TensorBoard for checking them.
 # python3-matplotlib (Debian's package) draws tools/plot_metrics.py's plots of the metrics files.
+# libpcre2-dev, libsentencepiece-dev, libutf8proc-dev: the tokenizers' pattern engine, SentencePiece models
+# and Unicode normalization (tokenizers/; each optional, the build says which are missing).
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev googletest libopenmpi-dev openmpi-bin clang-format clang libclang-rt-dev libomp-dev ccache
-          libprotobuf-dev protobuf-compiler python3-venv python3-matplotlib)
+          libprotobuf-dev protobuf-compiler python3-venv python3-matplotlib
+          libpcre2-dev libsentencepiece-dev libutf8proc-dev)
 
 install_packages() {
   local missing=()
