@@ -1,0 +1,165 @@
+#include "ops/nn/llama.h"
+
+#include <filesystem>
+
+#include "autograd/grad_mode.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "ops/attention/attention.h"
+#include "ops/loss/loss.h"
+#include "ops/nn/hf_checkpoint.h"
+#include "ops/ops.h"
+
+namespace mt::nn {
+namespace {
+
+std::shared_ptr<Linear> projection(int64_t in, int64_t out, bool bias, Generator* generator) {
+  return std::make_shared<Linear>(LinearOptions(in, out).bias(bias), generator);
+}
+
+// [B, T, H*D] -> [B, H, T, D]
+Tensor heads(const Tensor& x, int64_t n, int64_t d) {
+  return transpose(reshape(x, {x.size(0), x.size(1), n, d}), 1, 2);
+}
+
+// Key/value heads repeated for the query heads that share them: [B, Hkv, T, D] -> [B, Hkv*rep, T, D].
+Tensor repeat_kv(const Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  return reshape(expand(reshape(x, {b, h, 1, t, d}), {b, h, rep, t, d}), {b, h * rep, t, d});
+}
+
+}  // namespace
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) { weight = register_parameter("weight", ones({dim})); }
+
+Tensor RMSNorm::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return rms_norm(x, weight, eps);
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator* g)
+    : n_head(c.num_attention_heads), n_kv_head(c.num_key_value_heads), head_dim(c.dim_per_head()) {
+  register_module("q_proj", q_proj, projection(c.hidden_size, n_head * head_dim, c.attention_bias, g));
+  register_module("k_proj", k_proj, projection(c.hidden_size, n_kv_head * head_dim, c.attention_bias, g));
+  register_module("v_proj", v_proj, projection(c.hidden_size, n_kv_head * head_dim, c.attention_bias, g));
+  register_module("o_proj", o_proj, projection(n_head * head_dim, c.hidden_size, c.o_proj_bias, g));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, const RopeTables& rope) const {
+  const auto scope = trace_scope();
+  const Tensor q = apply_rope(heads(q_proj->forward(x), n_head, head_dim), rope);
+  const Tensor k = apply_rope(heads(k_proj->forward(x), n_kv_head, head_dim), rope);
+  const Tensor v = heads(v_proj->forward(x), n_kv_head, head_dim);
+  const int64_t rep = n_head / n_kv_head;
+  const Tensor y = scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), /*causal=*/true);
+  return o_proj->forward(reshape(transpose(y, 1, 2), {x.size(0), x.size(1), n_head * head_dim}));
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator* g) {
+  register_module("gate_proj", gate_proj, projection(c.hidden_size, c.intermediate_size, false, g));
+  register_module("up_proj", up_proj, projection(c.hidden_size, c.intermediate_size, false, g));
+  register_module("down_proj", down_proj, projection(c.intermediate_size, c.hidden_size, false, g));
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) const {
+  const auto scope = trace_scope();
+  return down_proj->forward(mul(silu(gate_proj->forward(x)), up_proj->forward(x)));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
+  register_module("self_attn", self_attn, std::make_shared<LlamaAttention>(c, g));
+  register_module("mlp", mlp, std::make_shared<LlamaMLP>(c, g));
+  register_module("input_layernorm", input_layernorm, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  register_module("post_attention_layernorm", post_attention_layernorm,
+                  std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const RopeTables& rope) const {
+  const auto scope = trace_scope();
+  const Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), rope));
+  return add(h, mlp->forward(post_attention_layernorm->forward(h)));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g) : config_(c) {
+  register_module("embed_tokens", embed_tokens, std::make_shared<Embedding>(c.vocab_size, c.hidden_size, g));
+  register_module("layers", layers_list, std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(layers_list->push_back(std::make_shared<LlamaDecoderLayer>(c, g)));
+  }
+  register_module("norm", norm, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Tensor LlamaModel::forward(const Tensor& ids) const {
+  const auto scope = trace_scope();
+  MT_CHECK_T(ShapeError, ids.dim() == 2, "Llama: ids must be [B, T], got ", shape_str(ids.shape()));
+  const int64_t t = ids.size(1);
+  MT_CHECK(t <= config_.max_position_embeddings, "Llama: a sequence of ", t, " tokens exceeds max_position_embeddings ",
+           config_.max_position_embeddings);
+  MT_CHECK(!config_.sliding_window || t <= *config_.sliding_window, "Llama: a sequence of ", t,
+           " tokens is longer than the sliding_window ", config_.sliding_window.value_or(0), " of this ",
+           config_.model_type, " model, and windowed attention is not implemented");
+  const RopeTables rope =
+      rope_tables(t, config_.dim_per_head(), config_.rope_theta, config_.rope_scaling, ids.device());
+  Tensor x = embed_tokens->forward(ids);
+  for (const auto& layer : layers) x = layer->forward(x, rope);
+  return norm->forward(x);
+}
+
+Llama::Llama(const LlamaConfig& config, Generator* generator) : config_(config) {
+  config_.validate();
+  register_module("model", model, std::make_shared<LlamaModel>(config_, generator));
+  if (!config_.tie_word_embeddings) {
+    register_module("lm_head", lm_head, projection(config_.hidden_size, config_.vocab_size, false, generator));
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : named_parameters()) {
+    if (name.find("layernorm") != std::string::npos || name == "model.norm.weight") continue;  // ones
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.zero_();
+    } else {
+      p.copy_(mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), 0.02));
+    }
+  }
+}
+
+const Tensor& Llama::lm_head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
+
+Tensor Llama::forward(const Tensor& ids) const {
+  const auto scope = trace_scope();
+  return matmul(model->forward(ids), transpose(lm_head_weight(), 0, 1));
+}
+
+Tensor Llama::loss(const Tensor& ids, const Tensor& targets) const {
+  const auto scope = trace_scope();
+  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
+             " must have the shape of ids ", shape_str(ids.shape()));
+  const Tensor hidden = model->forward(ids);
+  return linear_cross_entropy(reshape(hidden, {-1, config_.hidden_size}), lm_head_weight(), reshape(targets, {-1}));
+}
+
+std::shared_ptr<Llama> Llama::from_pretrained(const std::string& dir) {
+  const LlamaConfig config = LlamaConfig::from_json_file(dir + "/config.json");
+  HfCheckpoint checkpoint(dir);
+  auto model = std::make_shared<Llama>(config);
+  model->to(checkpoint.dtype());
+  std::map<std::string, Tensor> state = checkpoint.tensors();
+  if (config.tie_word_embeddings) state.erase("lm_head.weight");  // a tied copy some writers keep
+  try {
+    model->load_state_dict(state, /*strict=*/true);
+  } catch (const Error& e) {
+    detail::fail_file(checkpoint.description(), "not a checkpoint of this ", config.model_type,
+                      " config (config.json): ", e.what());
+  }
+  return model;
+}
+
+void Llama::save_pretrained(const std::string& dir, int64_t max_shard_bytes) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) detail::fail_file(dir, "cannot create the directory: ", ec.message());
+  save_hf_checkpoint(dir, state_dict(), max_shard_bytes);
+  write_file_atomically(dir + "/config.json", "model config", config_.to_json());
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,94 @@
+// Llama-family decoders (Llama 2/3, Mistral, Qwen2, SmolLM): Hugging Face's LlamaForCausalLM.
+//
+//   ids     // [B, T] i64
+//   x = embed_tokens[ids]                                          // [B, T, C]
+//   layer:  x = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))),  n = input_layernorm(x)
+//           x = x + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_attention_layernorm(x)
+//   logits = lm_head(norm(x))    // [B, T, V]; lm_head is embed_tokens with tie_word_embeddings
+//
+// Norms are RMSNorm; attention is causal with H query heads sharing Hkv key/value heads
+// (grouped-query: query head h reads kv head h / (H / Hkv)), scale 1/sqrt(D).
+// Parameter paths are transformers' ("model.layers.0.self_attn.q_proj.weight"), so LoRA targets
+// (q_proj, ..., down_proj) and adapters line up with PEFT's.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/random.h"
+#include "ops/nn/layers.h"
+#include "ops/nn/llama_config.h"
+#include "ops/nn/rope.h"
+
+namespace mt::nn {
+
+// y = x / rms(x) * weight over the last dimension; weight ones.
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight;  // [dim]
+  double eps;
+};
+
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(const LlamaConfig& config, Generator* generator);
+  Tensor forward(const Tensor& x, const RopeTables& rope) const;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  int64_t n_head, n_kv_head, head_dim;
+};
+
+class LlamaMLP : public Module {
+ public:
+  LlamaMLP(const LlamaConfig& config, Generator* generator);
+  Tensor forward(const Tensor& x) const;  // down_proj(silu(gate_proj(x)) * up_proj(x))
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+class LlamaDecoderLayer : public Module {
+ public:
+  LlamaDecoderLayer(const LlamaConfig& config, Generator* generator);
+  Tensor forward(const Tensor& x, const RopeTables& rope) const;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+};
+
+// transformers' LlamaModel, registered as "model".
+class LlamaModel : public Module {
+ public:
+  LlamaModel(const LlamaConfig& config, Generator* generator);
+  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after the final norm
+  std::shared_ptr<Embedding> embed_tokens;
+  std::shared_ptr<ModuleList> layers_list;
+  std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
+  std::shared_ptr<RMSNorm> norm;
+
+ private:
+  LlamaConfig config_;
+};
+
+class Llama : public Module {
+ public:
+  // Weights N(0, 0.02) (transformers' initializer_range), biases zero, norms one.
+  explicit Llama(const LlamaConfig& config, Generator* generator = nullptr);
+  Tensor forward(const Tensor& ids) const;                      // [B, T] -> logits [B, T, V]
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over targets != -100
+  const LlamaConfig& config() const { return config_; }
+  const Tensor& lm_head_weight() const;  // [V, C]: lm_head's, or the embedding's when tied
+
+  // A Hugging Face directory: config.json and model.safetensors or its shards. The weights keep
+  // the checkpoint's dtype (a bf16 checkpoint is a bf16 model).
+  static std::shared_ptr<Llama> from_pretrained(const std::string& dir);
+  // Writes config.json and the weights, sharded when larger than max_shard_bytes.
+  void save_pretrained(const std::string& dir, int64_t max_shard_bytes = int64_t{5} << 30) const;
+
+  std::shared_ptr<LlamaModel> model;
+  std::shared_ptr<Linear> lm_head;  // null when tied
+
+ private:
+  LlamaConfig config_;
+};
+
+}  // namespace mt::nn

@@ -1,0 +1,183 @@
+// The Llama-family model: config.json reading and its errors, parameter paths, causality, the
+// loss's ignored targets, and Hugging Face directories whole and sharded (dtype kept, bad
+// indexes and shards named). Logits against transformers: tools/parity/llama_parity.py.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/safetensors.h"
+#include "ops/nn/hf_checkpoint.h"
+#include "ops/nn/llama.h"
+#include "ops/ops.h"
+#include "tests/test_util.h"
+
+namespace mt::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+LlamaConfig tiny_config() {
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 32;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+class LlamaFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mt_llama_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string config_file(const std::string& json) {
+    const std::string path = (dir_ / "config.json").string();
+    write_bytes(path, json);
+    return path;
+  }
+  fs::path dir_;
+};
+
+Tensor ids_of(const std::vector<double>& values, int64_t b, int64_t t) {
+  return from_vector(values, {b, t}, TensorOptions().dtype(DType::i64));
+}
+
+TEST(Llama, ParameterPathsAreTransformersAndGqaShapesFollowTheConfig) {
+  Generator g(1);
+  Llama model(tiny_config(), &g);
+  const auto state = model.state_dict();
+  EXPECT_EQ(state.at("model.layers.1.self_attn.q_proj.weight").shape(), (Shape{24, 24}));
+  EXPECT_EQ(state.at("model.layers.1.self_attn.k_proj.weight").shape(), (Shape{8, 24}));  // 2 kv heads of 4
+  EXPECT_EQ(state.at("model.layers.0.mlp.gate_proj.weight").shape(), (Shape{40, 24}));
+  EXPECT_EQ(state.at("lm_head.weight").shape(), (Shape{37, 24}));
+  EXPECT_TRUE(state.count("model.norm.weight") && state.count("model.layers.0.post_attention_layernorm.weight"));
+  EXPECT_FALSE(state.count("model.layers.0.self_attn.q_proj.bias"));
+  LlamaConfig tied = tiny_config();
+  tied.tie_word_embeddings = true;
+  EXPECT_FALSE(Llama(tied, &g).state_dict().count("lm_head.weight"));
+}
+
+TEST(Llama, EarlierLogitsDoNotDependOnLaterTokensAndIgnoredTargetsDoNotCount) {
+  Generator g(2);
+  Llama model(tiny_config(), &g);
+  NoGradGuard no_grad;
+  const auto a = model.forward(ids_of({1, 2, 3, 4, 5}, 1, 5)).to_vector<double>();
+  const auto b = model.forward(ids_of({1, 2, 3, 9, 9}, 1, 5)).to_vector<double>();
+  for (size_t i = 0; i < 3 * 37; ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
+  EXPECT_GT(std::abs(a[4 * 37] - b[4 * 37]), 1e-6);
+  // Targets of -100 drop out of the mean: the loss over [t0, -100] is the loss of t0 alone.
+  const Tensor ids = ids_of({1, 2}, 1, 2);
+  const double both = model.loss(ids, ids_of({7, -100}, 1, 2)).item();
+  const double first = model.loss(ids_of({1}, 1, 1), ids_of({7}, 1, 1)).item();
+  EXPECT_NEAR(both, first, 1e-6);
+}
+
+TEST_F(LlamaFiles, ConfigErrorsNameTheFileAndTheField) {
+  const auto message = [&](const std::string& json) {
+    return error_message_of([&] { LlamaConfig::from_json_file(config_file(json)); });
+  };
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 16)";
+  EXPECT_NO_THROW(LlamaConfig::from_json_file(config_file("{\"model_type\": \"llama\", " + base + "}")));
+  EXPECT_NE(
+      message(R"({"model_type": "llama", "vocab_size": 10})").find("config.json: the config has no \"hidden_size\""),
+      std::string::npos);
+  EXPECT_NE(message("{\"model_type\": \"gpt2\", " + base + "}").find("model_type \"gpt2\" is not a Llama-family model"),
+            std::string::npos);
+  EXPECT_NE(
+      message("{\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}, " + base + "}")
+          .find("rope_scaling of type \"yarn\" is not supported"),
+      std::string::npos);
+  EXPECT_NE(message("{\"model_type\": \"llama\", \"hidden_act\": \"gelu\", " + base + "}").find("hidden_act \"gelu\""),
+            std::string::npos);
+  EXPECT_NE(message("{\"model_type\": \"llama\", \"num_key_value_heads\": 3, " + base + "}")
+                .find("num_attention_heads 2 is not a multiple of num_key_value_heads 3"),
+            std::string::npos);
+}
+
+TEST_F(LlamaFiles, SlidingWindowShorterThanTheSequenceIsRefused) {
+  LlamaConfig c = tiny_config();
+  c.model_type = "mistral";
+  c.sliding_window = 4;
+  Generator g(3);
+  Llama model(c, &g);
+  NoGradGuard no_grad;
+  EXPECT_NO_THROW(model.forward(ids_of({1, 2, 3, 4}, 1, 4)));
+  EXPECT_NE(error_message_of([&] {
+              model.forward(ids_of({1, 2, 3, 4, 5}, 1, 5));
+            }).find("sliding_window 4"),
+            std::string::npos);
+}
+
+TEST_F(LlamaFiles, SavePretrainedShardedLoadsBackBitExactInItsDtype) {
+  Generator g(4);
+  LlamaConfig c = tiny_config();
+  c.tie_word_embeddings = true;
+  c.attention_bias = c.o_proj_bias = true;  // Llama's attention_bias: q, k, v and o
+  Llama model(c, &g);
+  model.to(DType::bf16);
+  const std::string dir = (dir_ / "model").string();
+  model.save_pretrained(dir, /*max_shard_bytes=*/4000);
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  ASSERT_TRUE(fs::exists(dir + "/model-00002-of-" + [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".safetensors";
+    char s[8];
+    std::snprintf(s, sizeof s, "%05d", n);
+    return std::string(s);
+  }() + ".safetensors"));
+  const auto loaded = Llama::from_pretrained(dir);
+  EXPECT_EQ(loaded->model->embed_tokens->weight.dtype(), DType::bf16);  // no f32 copy of a bf16 checkpoint
+  for (const auto& [name, t] : model.state_dict()) {
+    const Tensor other = loaded->state_dict().at(name);
+    EXPECT_EQ(t.to(DType::f64).to_vector<double>(), other.to(DType::f64).to_vector<double>()) << name;
+  }
+}
+
+TEST_F(LlamaFiles, BadIndexesAndShardsNameTheFile) {
+  Generator g(5);
+  Llama model(tiny_config(), &g);
+  const std::string dir = (dir_ / "model").string();
+  model.save_pretrained(dir, 4000);
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string text = read_bytes(index);
+  // A shard the index names is missing.
+  write_bytes(index, std::string(text).replace(text.find("model-00001-of-"), 15, "model-99999-of-"));
+  const std::string missing = error_message_of([&] { Llama::from_pretrained(dir); });
+  EXPECT_NE(missing.find("names the shard 'model-99999-of-"), std::string::npos) << missing;
+  // A tensor the index maps to a shard is not in it.
+  const std::string moved = "\"lm_head.weight\": \"";
+  size_t at = text.find(moved) + moved.size();
+  std::string wrong = text;
+  wrong.replace(at, 15, text.substr(at, 15) == "model-00001-of-" ? "model-00002-of-" : "model-00001-of-");
+  write_bytes(index, wrong);
+  EXPECT_NE(error_message_of([&] { Llama::from_pretrained(dir); }).find("has no tensor 'lm_head.weight'"),
+            std::string::npos);
+  write_bytes(index, text);
+  // A tensor of the wrong shape: the config says another width.
+  LlamaConfig other = tiny_config();
+  other.intermediate_size = 44;
+  write_bytes(dir + "/config.json", other.to_json());
+  const std::string message = error_message_of([&] { Llama::from_pretrained(dir); });
+  EXPECT_NE(message.find("model.safetensors.index.json: not a checkpoint of this llama config"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("down_proj.weight' has shape [24, 40] in the state but [24, 44]"), std::string::npos)
+      << message;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_bytes(dir + "/config.json", other.to_json());
+  EXPECT_NE(error_message_of([&] { Llama::from_pretrained(dir); }).find("holds neither model.safetensors nor"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt::nn
