@@ -9,7 +9,9 @@ for some. tools/parity/llama_logits (mixtrain) loads the directory and computes 
 of random ids of a length that is not a power of two:
   - f32 on every device asked for: relative L2 error against transformers' f32 logits <= 1e-4;
   - bf16 on CUDA: our error against the f32 logits at most twice transformers' own bf16 error;
-  - our save_pretrained (sharded) read back by transformers gives its logits again (<= 1e-6).
+  - our save_pretrained (sharded) read back by transformers gives its logits again (<= 1e-6);
+  - LoRA on all seven projections both ways: our adapter (random B) loaded by PEFT, and PEFT's
+    adapter loaded by mixtrain, give the same logits (<= 1e-4), different from the base's.
 
 Usage (after building): python3 tools/parity/llama_parity.py --bin build/tools/llama_logits --devices cpu,cuda
 Exit status 0 when every check passes. TF32 is off.
@@ -21,6 +23,7 @@ import sys
 import tempfile
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
@@ -67,6 +70,29 @@ def build(config_class, kwargs, directory, shard):
     return model
 
 
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def adapter_checks(binary, work, directory, model, ids, base_logits):
+    ids_path, out = os.path.join(work, "ids.safetensors"), os.path.join(work, "lora.safetensors")
+    ours_dir, peft_dir = os.path.join(work, "ours_adapter"), os.path.join(work, "peft_adapter")
+    run([binary, "--model", directory, "--ids", ids_path, "--out", out, "--make-adapter", ours_dir])
+    ours = load_file(out)["logits"]
+    with torch.no_grad():
+        theirs = PeftModel.from_pretrained(model, ours_dir).eval()(ids).logits.float()
+    # PEFT's own adapter (random B: init_lora_weights=False) on a fresh copy of the base.
+    base = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False))
+    peft_model.save_pretrained(peft_dir)
+    with torch.no_grad():
+        peft_logits = peft_model.eval()(ids).logits.float()
+    run([binary, "--model", directory, "--ids", ids_path, "--out", out, "--adapter", peft_dir])
+    return [("our adapter in PEFT", relative_error(ours, theirs), TOLERANCE),
+            ("PEFT's adapter in mixtrain", relative_error(load_file(out)["logits"], peft_logits), TOLERANCE),
+            ("the adapter moves the logits from the base's (at least 1e-3)", -relative_error(theirs, base_logits), -1e-3)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin", required=True, help="path of the built llama_logits program")
@@ -104,11 +130,14 @@ def main():
                 with torch.no_grad():
                     checks.append((f"our save_pretrained read by transformers ({device} run)",
                                    relative_error(reread(ids).logits.float(), theirs), 1e-6))
+            checks += adapter_checks(args.bin, work, directory, model, ids, theirs)
             for what, error, tolerance in checks:
                 ok = error <= tolerance
                 failures += not ok
-                print(f"llama_parity: {label}{' (sharded)' if sharded else ''}: {what}: relative error {error:.2e} "
-                      f"{'<=' if ok else '>'} {tolerance:.1e} {'ok' if ok else 'FAIL'}")
+                # A negative pair is a lower bound on a difference, printed as such.
+                shown = f"relative difference {-error:.2e} {'>=' if ok else '<'} {-tolerance:.1e}" if tolerance < 0 else \
+                    f"relative error {error:.2e} {'<=' if ok else '>'} {tolerance:.1e}"
+                print(f"llama_parity: {label}{' (sharded)' if sharded else ''}: {what}: {shown} {'ok' if ok else 'FAIL'}")
     print(f"llama_parity: {'all checks pass' if failures == 0 else f'{failures} checks FAILED'}")
     return 1 if failures else 0
 
