@@ -1,5 +1,5 @@
-// Samples text from a GPT saved by gpt_train (or any GPT-2 directory), with or without a LoRA
-// adapter, through the tokenizer saved in the model directory (or --tokenizer).
+// Samples text from a language model directory (GPT-2 from gpt_train or Hugging Face; Llama,
+// Mistral, Qwen2), with or without a LoRA adapter, through the tokenizer saved in the model directory (or --tokenizer).
 //
 //   build/examples/gpt_generate --model model/ --adapter adapter/ --prompt "The " --tokens 300
 #include <CLI/CLI.hpp>
@@ -11,7 +11,7 @@
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Generate text with a GPT, optionally with a LoRA adapter"};
+  CLI::App app{"Generate text with a GPT-2 or Llama-family model, optionally with a LoRA adapter"};
   example::setup(app, "gpt_generate");
   example::PlacementFlags placement_flags;
   std::string model_dir, adapter_dir, tokenizer_path, prompt = "The ";
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
 
   try {
     const example::Placement placement = placement_flags.resolve();
-    const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(model_dir);
+    const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(model_dir);
     const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, model_dir);
     model->to(placement.device);
     if (!adapter_dir.empty()) {

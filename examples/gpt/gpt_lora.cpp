@@ -1,4 +1,5 @@
-// Fine-tunes a GPT with LoRA adapters: the base model stays frozen, only the low-rank
+// Fine-tunes a language model (GPT-2 or Llama family: llama, mistral, qwen2; the type comes from
+// the base's config.json) with LoRA adapters: the base model stays frozen, only the low-rank
 // A and B matrices of the targeted projections train. Saves the adapter in PEFT's
 // layout (adapter_config.json + adapter_model.safetensors) and, optionally, the merged model.
 //
@@ -16,7 +17,7 @@
 #include "train/model_directory.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Fine-tune a GPT with LoRA adapters"};
+  CLI::App app{"Fine-tune a GPT-2 or Llama-family model with LoRA adapters"};
   example::setup(app, "gpt_lora");
   example::PlacementFlags placement_flags;
   gpt_example::TrainFlags train_flags;
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   train_flags.lr = 2e-3;
   train_flags.warmup = 20;
   train_flags.weight_decay = 0.0;
-  std::string base, adapter_out, merged_out, tokenizer_path, targets = "c_attn,c_proj,c_fc";
+  std::string base, adapter_out, merged_out, tokenizer_path, targets;
   mt::nn::LoRAOptions lora;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
@@ -45,7 +46,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(example::range(0.0, 0.99));
   app.add_flag("--rslora", lora.use_rslora, "scale by alpha/sqrt(r) (rank-stabilised LoRA)");
-  app.add_option("--targets", targets, "comma-separated module names to adapt (PEFT's target_modules)")
+  app.add_option("--targets", targets,
+                 "comma-separated module names to adapt (PEFT's target_modules; default: c_attn,c_proj,c_fc "
+                 "for GPT-2, the seven projections q_proj,...,down_proj for the Llama family)")
       ->capture_default_str();
   app.add_option("--prompt", prompt, "prompt of the samples printed before and after")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of those samples (0: none)")
@@ -55,11 +58,10 @@ int main(int argc, char** argv) {
 
   try {
     const example::Placement placement = placement_flags.resolve();
-    lora.target_modules = gpt_example::split_commas(targets);
     mt::manual_seed(train_flags.seed);
-    const std::shared_ptr<mt::nn::GPT> model = mt::nn::GPT::from_pretrained(base);
+    const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(base);
     const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, base);
-    mt::tok::check_vocab_fits(*tokenizer, model->config().vocab_size, "gpt_lora");
+    mt::tok::check_vocab_fits(*tokenizer, model->vocab_size(), "gpt_lora");
     model->to(placement.device);
     model->eval();
     auto sample = [&](const char* when) {
@@ -77,6 +79,11 @@ int main(int argc, char** argv) {
       if (placement.is_main()) std::printf("gpt_lora: validation loss of the base model %.4f\n", *val_before);
     }
 
+    if (targets.empty()) {
+      targets = model->model_type() == "gpt2" ? "c_attn,c_proj,c_fc"
+                                              : "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+    }
+    lora.target_modules = gpt_example::split_commas(targets);
     mt::Generator init(train_flags.seed);
     const std::vector<std::string> adapted = mt::nn::apply_lora(*model, lora, &init);
     if (placement.is_main()) {
@@ -88,7 +95,7 @@ int main(int argc, char** argv) {
     const gpt_example::TrainResult result = gpt_example::train(*model, train_flags, placement, "gpt_lora");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
-    save_options.fan_in_fan_out = true;  // the projections are Conv1D in HF's GPT-2
+    save_options.fan_in_fan_out = model->adapters_fan_in_fan_out();  // GPT-2's Conv1D
     save_options.base_model_name_or_path = base;
     mt::nn::save_adapter(*model, adapter_out, save_options);
     std::printf("gpt_lora: loss %.4f -> %.4f in %.1f s; adapter saved to %s\n", result.first_loss, result.last_loss,

@@ -1,8 +1,11 @@
-// Pretrains a GPT (GPT-2 architecture, byte-level vocabulary) from scratch on a token file, or
-// goes on training one (--init-from), and saves it as a Hugging Face GPT-2 directory.
+// Pretrains a language model from scratch on a token file, or goes on training one
+// (--init-from), and saves it as a Hugging Face directory. A new model is a GPT-2 of the
+// architecture flags, or any model a Hugging Face config.json describes (--config: gpt2, llama,
+// mistral, qwen2).
 //
 //   build/examples/mt_tokenize --output train.tok licences/*
 //   build/examples/gpt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
+//   build/examples/gpt_train --data train.tok --out model/ --config smollm2-135m/config.json
 //
 // The saved directory (config.json + model.safetensors, and the tokenizer files of --init-from's
 // directory) is what gpt_lora and gpt_generate read, and what transformers'
@@ -15,6 +18,7 @@
 
 #include "core/atomic_file.h"
 #include "examples/gpt/trainer.h"
+#include "ops/nn/llama.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
 
@@ -28,7 +32,7 @@ int main(int argc, char** argv) {
   config.n_head = 4;
   config.n_embd = 128;
   config.n_positions = 0;  // 0: --seq-len
-  std::string out, init_from, tokenizer_path;
+  std::string out, init_from, tokenizer_path, config_path;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
@@ -41,6 +45,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "tokenizer directory or file; sets a new model's vocabulary and is saved with the model "
                  "(default: --init-from's tokenizer, else bytes)");
+  CLI::Option* config_option =
+      app.add_option("--config", config_path, "a new model as this Hugging Face config.json describes it")
+          ->check(CLI::ExistingFile)
+          ->excludes(init_option);
   app.add_option("--layers", config.n_layer, "transformer blocks")->capture_default_str()->check(example::positive());
   app.add_option("--heads", config.n_head, "attention heads")->capture_default_str()->check(example::positive());
   app.add_option("--embd", config.n_embd, "model width")->capture_default_str()->check(example::positive());
@@ -50,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", config.dropout, "dropout rate")->capture_default_str()->check(example::range(0.0, 0.99));
   for (const char* architecture : {"--layers", "--heads", "--embd", "--context", "--dropout"}) {
     init_option->excludes(architecture);  // the architecture comes from the directory's config.json
+    config_option->excludes(architecture);
   }
   app.add_option("--prompt", prompt, "prompt of the sample printed after training")->capture_default_str();
   app.add_option("--sample-tokens", sample_tokens, "length of that sample (0: none)")
@@ -67,24 +76,39 @@ int main(int argc, char** argv) {
         tokenizer_path.empty() ? init_from : gpt_example::tokenizer_directory(tokenizer_path);
     mt::manual_seed(train_flags.seed);
     mt::Generator init(train_flags.seed);
-    const std::shared_ptr<mt::nn::GPT> loaded =
-        init_from.empty() ? std::make_shared<mt::nn::GPT>(config, &init) : mt::nn::GPT::from_pretrained(init_from);
-    mt::nn::GPT& model = *loaded;
-    config = model.config();
-    mt::tok::check_vocab_fits(*tokenizer, config.vocab_size, "gpt_train");
+    std::shared_ptr<mt::nn::CausalLM> loaded;
+    if (!init_from.empty()) {
+      loaded = mt::nn::load_causal_lm(init_from);
+    } else if (config_path.empty() || mt::nn::model_type_of(config_path) == "gpt2") {
+      if (!config_path.empty()) config = mt::nn::GPTConfig::from_json_file(config_path);
+      loaded = std::make_shared<mt::nn::GPT>(config, &init);
+    } else {
+      loaded = std::make_shared<mt::nn::Llama>(mt::nn::LlamaConfig::from_json_file(config_path), &init);
+    }
+    mt::nn::CausalLM& model = *loaded;
+    mt::tok::check_vocab_fits(*tokenizer, model.vocab_size(), "gpt_train");
     model.to(placement.device);
     if (placement.is_main() && !train_flags.checkpoints.save_dir.empty()) {
       // gpt_export reads it to rebuild the model of a checkpoint.
       std::filesystem::create_directories(train_flags.checkpoints.save_dir);
-      mt::write_file_atomically(train_flags.checkpoints.save_dir + "/config.json", "GPT-2 config", config.to_json());
+      mt::write_file_atomically(train_flags.checkpoints.save_dir + "/config.json", "model config", model.config_json());
       if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, train_flags.checkpoints.save_dir);
     }
     if (placement.is_main()) {
       std::printf("gpt_train: tokenizer: %s\n", tokenizer->description().c_str());
-      std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
-                  static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
-                  static_cast<long long>(config.n_embd), static_cast<long long>(config.n_positions),
-                  static_cast<long long>(config.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+      if (const auto* gpt = dynamic_cast<const mt::nn::GPT*>(&model)) {
+        const mt::nn::GPTConfig& c = gpt->config();
+        std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
+                    static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+                    static_cast<long long>(c.n_embd), static_cast<long long>(c.n_positions),
+                    static_cast<long long>(c.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+      } else {
+        std::printf("gpt_train: %s %lld layers, width %lld, context %lld, vocab %lld: %s parameters\n",
+                    model.model_type().c_str(), static_cast<long long>(model.num_layers()),
+                    static_cast<long long>(model.hidden_size()), static_cast<long long>(model.max_positions()),
+                    static_cast<long long>(model.vocab_size()),
+                    gpt_example::with_commas(model.num_parameters()).c_str());
+      }
     }
 
     const gpt_example::TrainResult result = gpt_example::train(model, train_flags, placement, "gpt_train");

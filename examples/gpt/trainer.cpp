@@ -91,7 +91,7 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
 
 namespace {
 
-mt::train::TrainerOptions trainer_options(const mt::nn::GPT& model, const TrainFlags& flags,
+mt::train::TrainerOptions trainer_options(const mt::nn::CausalLM& model, const TrainFlags& flags,
                                           const example::Placement& placement, const std::string& tag) {
   mt::train::TrainerOptions o;
   o.name = tag;
@@ -114,9 +114,8 @@ mt::train::TrainerOptions trainer_options(const mt::nn::GPT& model, const TrainF
                : flags.progress == "lines" ? mt::train::ProgressMode::lines
                                            : mt::train::ProgressMode::automatic;
   o.metrics = {flags.metrics, flags.tensorboard};
-  const mt::nn::GPTConfig& c = model.config();
-  o.flops_per_token =
-      mt::train::transformer_flops_per_token(model.num_parameters(), c.n_layer, c.n_embd, flags.seq_len);
+  o.flops_per_token = mt::train::transformer_flops_per_token(model.num_parameters(), model.num_layers(),
+                                                             model.hidden_size(), flags.seq_len);
   if (flags.peak_tflops > 0) o.peak_flops = flags.peak_tflops * 1e12;
   o.report = flags.report;
   o.nvtx = flags.nvtx;
@@ -136,7 +135,7 @@ mt::data::BatcherOptions batches(const TrainFlags& flags, const example::Placeme
 
 }  // namespace
 
-double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
+double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
                 const example::Placement& placement) {
   mt::NoGradGuard no_grad;
   const bool was_training = model.is_training();
@@ -159,23 +158,22 @@ double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size,
   return weighted / counted;
 }
 
-TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Placement& placement,
+TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const example::Placement& placement,
                   const std::string& tag) {
   MT_CHECK(!flags.checkpoints.resume || !flags.checkpoints.save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
   {
     const mt::data::TokenCorpus corpus(flags.data);  // checked before windows are cut from it
-    MT_CHECK(corpus.vocab_size() <= model.config().vocab_size, flags.data, ": the token file's vocab_size ",
-             corpus.vocab_size(), " is larger than the model's vocab_size ", model.config().vocab_size);
+    MT_CHECK(corpus.vocab_size() <= model.vocab_size(), flags.data, ": the token file's vocab_size ",
+             corpus.vocab_size(), " is larger than the model's vocab_size ", model.vocab_size());
   }
   mt::train::TokenData data(flags.data, batches(flags, placement, /*shuffle=*/true));
-  MT_CHECK(flags.seq_len <= model.config().n_positions, "--seq-len ", flags.seq_len,
-           " exceeds the model's n_positions ", model.config().n_positions);
-  MT_CHECK(!flags.cuda_graph || model.config().dropout == 0, "--cuda-graph needs dropout 0 (the model has ",
-           model.config().dropout, "): a replayed step would draw the same random numbers every time");
-  const mt::nn::GPTCheckpointing checkpointing = mt::nn::GPTCheckpointing::parse(flags.checkpoint);
-  model.set_checkpointing(checkpointing);
+  MT_CHECK(flags.seq_len <= model.max_positions(), "--seq-len ", flags.seq_len,
+           " exceeds the model's longest sequence ", model.max_positions());
+  MT_CHECK(!flags.cuda_graph || model.dropout() == 0, "--cuda-graph needs dropout 0 (the model has ", model.dropout(),
+           "): a replayed step would draw the same random numbers every time");
+  model.set_checkpointing(flags.checkpoint);
   if (!flags.trace.empty()) mt::nvtx::start_trace(flags.trace);
 
   mt::train::Trainer trainer(
@@ -187,7 +185,7 @@ TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Pl
     trainer.set_validation(*validation);
   }
   if (placement.is_main()) {
-    std::printf("%s: gradient checkpointing %s\n", tag.c_str(), checkpointing.str().c_str());
+    std::printf("%s: gradient checkpointing %s\n", tag.c_str(), model.checkpointing().c_str());
   }
   const mt::train::TrainResult run = trainer.fit();
   if (!flags.trace.empty()) {
@@ -214,9 +212,9 @@ std::string tokenizer_directory(const std::string& flag) {
   return std::filesystem::is_directory(flag) ? flag : std::filesystem::path(flag).parent_path().string();
 }
 
-std::string sample_text(const mt::nn::GPT& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
                         int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed) {
-  mt::tok::check_vocab_fits(tokenizer, model.config().vocab_size, "sampling");
+  mt::tok::check_vocab_fits(tokenizer, model.vocab_size(), "sampling");
   const std::vector<mt::tok::TokenId> encoded = tokenizer.encode(prompt, /*add_special_tokens=*/true);
   std::vector<int64_t> ids(encoded.begin(), encoded.end());
   mt::Generator generator(seed);

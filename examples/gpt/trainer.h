@@ -58,13 +58,14 @@ struct TrainResult {
   double seconds = 0;
 };
 
-// Trains `model` (its trainable parameters) on flags.data through mt::train::Trainer.
-TrainResult train(mt::nn::GPT& model, const TrainFlags& flags, const example::Placement& placement,
+// Trains `model` (any CausalLM: GPT-2 or the Llama family; its trainable parameters) on flags.data through
+// mt::train::Trainer.
+TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const example::Placement& placement,
                   const std::string& tag);
 
 // Mean loss per target over the first `batches` batches of `path` (a token file or shards, in
 // order), in eval mode, no gradient; targets outside a loss mask do not count.
-double evaluate(mt::nn::GPT& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
+double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
                 const example::Placement& placement);
 
 // The tokenizer of a run: `flag` (--tokenizer) when given, else the one saved in `model_dir` when
@@ -74,7 +75,7 @@ std::unique_ptr<mt::tok::Tokenizer> tokenizer_for(const std::string& flag, const
 std::string tokenizer_directory(const std::string& flag);
 
 // A sample continuation of `prompt`, decoded as text (control characters are escaped).
-std::string sample_text(const mt::nn::GPT& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
                         int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed);
 
 using mt::with_commas;  // "1,234,567"

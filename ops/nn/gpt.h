@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "ops/nn/causal_lm.h"
 #include "ops/nn/layers.h"
 #include "ops/nn/transformer.h"
 
@@ -69,16 +70,27 @@ class GPTBody : public Module {
   GPTCheckpointing checkpointing;
 };
 
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   // Weights drawn as GPT-2 draws them: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)),
   // biases zero, layer norms (1, 0).
   explicit GPT(const GPTConfig& config, Generator* generator = nullptr);
 
-  Tensor forward(const Tensor& ids) const;                      // [B, T] -> logits [B, T, V]
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over [B, T]
+  Tensor forward(const Tensor& ids) const override;                      // [B, T] -> logits [B, T, V]
+  Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy over [B, T]
   const GPTConfig& config() const { return config_; }
   void set_checkpointing(const GPTCheckpointing& checkpointing);
+  // CausalLM
+  std::string model_type() const override { return "gpt2"; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_positions() const override { return config_.n_positions; }
+  int64_t num_layers() const override { return config_.n_layer; }
+  int64_t hidden_size() const override { return config_.n_embd; }
+  double dropout() const override { return config_.dropout; }
+  void set_checkpointing(const std::string& mode) override { set_checkpointing(GPTCheckpointing::parse(mode)); }
+  std::string checkpointing() const override { return transformer->checkpointing.str(); }
+  bool adapters_fan_in_fan_out() const override { return true; }  // HF's Conv1D
+  std::string config_json() const override { return config_.to_json(); }
   // On (the default): residual adds fused into the norms after them (add_layer_norm) and each
   // MLP one mlp_gelu. Off: separate add, layer_norm, linear_gelu and linear ops, the same
   // values while the residual stream is f32 (f32 parameters, with or without autocast); for
@@ -93,23 +105,12 @@ class GPT : public Module {
   // Loads HF-named, HF-laid-out weights into this model (strict: every weight present, nothing unknown).
   void load_hf_weights(const std::string& safetensors_path);
   // Writes config.json and model.safetensors (atomically) in HF's layout.
-  void save_pretrained(const std::string& dir) const;
+  void save_pretrained(const std::string& dir) const override;
 
   std::shared_ptr<GPTBody> transformer;
 
  private:
   GPTConfig config_;
 };
-
-struct GenerateOptions {
-  int64_t max_new_tokens = 100;
-  double temperature = 1.0;  // 0: greedy
-  int64_t top_k = 0;         // 0: the whole vocabulary
-};
-
-// Extends `prompt` by sampling one token at a time (no gradient, eval mode assumed by the caller).
-// The context fed to the model is the last n_positions tokens.
-std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, const GenerateOptions& options,
-                              Generator* generator = nullptr);
 
 }  // namespace mt::nn

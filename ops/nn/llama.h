@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/random.h"
+#include "ops/nn/causal_lm.h"
 #include "ops/nn/layers.h"
 #include "ops/nn/llama_config.h"
 #include "ops/nn/rope.h"
@@ -69,20 +70,28 @@ class LlamaModel : public Module {
   LlamaConfig config_;
 };
 
-class Llama : public Module {
+class Llama : public CausalLM {
  public:
   // Weights N(0, 0.02) (transformers' initializer_range), biases zero, norms one.
   explicit Llama(const LlamaConfig& config, Generator* generator = nullptr);
-  Tensor forward(const Tensor& ids) const;                      // [B, T] -> logits [B, T, V]
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy over targets != -100
+  Tensor forward(const Tensor& ids) const override;                      // [B, T] -> logits [B, T, V]
+  Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy over targets != -100
   const LlamaConfig& config() const { return config_; }
+  // CausalLM
+  std::string model_type() const override { return config_.model_type; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_positions() const override { return config_.max_position_embeddings; }
+  int64_t num_layers() const override { return config_.num_hidden_layers; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  void save_pretrained(const std::string& dir) const override { save_pretrained(dir, int64_t{5} << 30); }
+  std::string config_json() const override { return config_.to_json(); }
   const Tensor& lm_head_weight() const;  // [V, C]: lm_head's, or the embedding's when tied
 
   // A Hugging Face directory: config.json and model.safetensors or its shards. The weights keep
   // the checkpoint's dtype (a bf16 checkpoint is a bf16 model).
   static std::shared_ptr<Llama> from_pretrained(const std::string& dir);
   // Writes config.json and the weights, sharded when larger than max_shard_bytes.
-  void save_pretrained(const std::string& dir, int64_t max_shard_bytes = int64_t{5} << 30) const;
+  void save_pretrained(const std::string& dir, int64_t max_shard_bytes) const;
 
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Linear> lm_head;  // null when tied

@@ -73,7 +73,7 @@ check heads_do_not_divide_width "n_embd 16 is not a multiple of n_head 3" "${tra
   --heads 3
 check checkpoint_mode_unknown "'all' is not one of off, blocks, blocks:K" "${train[@]}" --data "$w/a.tok" \
   --checkpoint all
-check seq_len_over_context "--seq-len 32 exceeds the model's n_positions 16" "${train[@]}" --data "$w/a.tok" \
+check seq_len_over_context "--seq-len 32 exceeds the model's longest sequence 16" "${train[@]}" --data "$w/a.tok" \
   --seq-len 32 --context 16
 check cuda_graph_on_cpu "gpt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
@@ -171,9 +171,9 @@ check tokenize_no_training_tokens "7,292 tokens leave no training tokens with --
 
 # Model and adapter directories.
 check base_missing "--base: Directory does not exist: $w/nowhere" "${lora[@]}" --base "$w/nowhere" --data "$w/a.tok"
-check base_without_config "$w/empty/config.json: cannot open the GPT-2 config: No such file or directory" \
+check base_without_config "$w/empty/config.json: cannot open the model config: No such file or directory" \
   "${lora[@]}" --base "$w/empty" --data "$w/a.tok"
-check model_without_config "$w/empty/config.json: cannot open the GPT-2 config" "${generate[@]}" --model "$w/empty"
+check model_without_config "$w/empty/config.json: cannot open the model config" "${generate[@]}" --model "$w/empty"
 check weights_not_safetensors "$w/text_model/model.safetensors: safetensors header length" "${generate[@]}" \
   --model "$w/text_model"
 check adapter_missing "--adapter: Directory does not exist: $w/nowhere" "${generate[@]}" --model "$w/model" \

@@ -1,0 +1,51 @@
+// What training, fine-tuning and sampling need of a decoder-only language model, whatever its
+// architecture (GPT-2, the Llama family), and loading one from a Hugging Face directory by the
+// model_type its config.json names. Programs written against CausalLM take any of them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "ops/nn/module.h"
+
+namespace mt::nn {
+
+class CausalLM : public Module {
+ public:
+  virtual Tensor forward(const Tensor& ids) const = 0;                      // [B, T] -> logits [B, T, V]
+  virtual Tensor loss(const Tensor& ids, const Tensor& targets) const = 0;  // mean over targets != -100
+  virtual std::string model_type() const = 0;                               // config.json's
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_positions() const = 0;  // the longest sequence
+  virtual int64_t num_layers() const = 0;
+  virtual int64_t hidden_size() const = 0;
+  virtual double dropout() const { return 0.0; }
+  // Gradient checkpointing: "off", "blocks", "blocks:K", "selective" where the model has them;
+  // a mode it lacks throws naming it.
+  virtual void set_checkpointing(const std::string& mode);
+  virtual std::string checkpointing() const { return "off"; }
+  // PEFT adapters of this model store LoRA factors transposed (GPT-2's Conv1D layers).
+  virtual bool adapters_fan_in_fan_out() const { return false; }
+  virtual void save_pretrained(const std::string& dir) const = 0;
+  virtual std::string config_json() const = 0;  // what save_pretrained writes as config.json
+};
+
+// config.json's model_type: "gpt2" -> GPT, "llama" / "mistral" / "qwen2" -> Llama. Throws
+// FileError naming the config for any other type.
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir);
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: the whole vocabulary
+};
+
+// Extends `prompt` by sampling one token at a time (no gradient, eval mode assumed by the caller).
+// The context fed to the model is the last max_positions() tokens.
+std::vector<int64_t> generate(const CausalLM& model, std::vector<int64_t> prompt, const GenerateOptions& options,
+                              Generator* generator = nullptr);
+
+}  // namespace mt::nn
