@@ -33,7 +33,7 @@ fi
 build="${MT_FUZZ_BUILD_DIR:-build-fuzz}"
 jobs="${MT_FUZZ_JOBS:-$(nproc)}"
 targets=(fuzz_safetensors fuzz_adapter_config fuzz_token_file fuzz_tokenizer_json fuzz_gpt2_files fuzz_tokenizer_encode
-         fuzz_finetune_jsonl)
+         fuzz_finetune_jsonl fuzz_model_config)
 if (($# > 0)); then
   for name in "$@"; do
     [[ " ${targets[*]} " == *" $name "* ]] || { echo "fuzz.sh: no target '$name' (targets: ${targets[*]})" >&2; exit 2; }
