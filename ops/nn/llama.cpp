@@ -38,6 +38,11 @@ Tensor RMSNorm::forward(const Tensor& x) const {
   return rms_norm(x, weight, eps);
 }
 
+AddNorm RMSNorm::forward_add(const Tensor& x, const Tensor& delta) const {
+  const auto scope = trace_scope();
+  return add_rms_norm(x, delta, weight, eps);
+}
+
 LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator* g)
     : n_head(c.num_attention_heads), n_kv_head(c.num_key_value_heads), head_dim(c.dim_per_head()) {
   register_module("q_proj", q_proj, projection(c.hidden_size, n_head * head_dim, c.attention_bias, g));
@@ -75,10 +80,12 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
                   std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x, const RopeTables& rope) const {
+AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RopeTables& rope) const {
   const auto scope = trace_scope();
-  const Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), rope));
-  return add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  const AddNorm in =
+      pending.defined() ? input_layernorm->forward_add(x, pending) : AddNorm{x, input_layernorm->forward(x)};
+  const AddNorm mid = post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope));
+  return {mid.sum, mlp->forward(mid.normed)};
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g) : config_(c) {
@@ -101,9 +108,9 @@ Tensor LlamaModel::forward(const Tensor& ids) const {
            config_.model_type, " model, and windowed attention is not implemented");
   const RopeTables rope =
       rope_tables(t, config_.dim_per_head(), config_.rope_theta, config_.rope_scaling, ids.device());
-  Tensor x = embed_tokens->forward(ids);
-  for (const auto& layer : layers) x = layer->forward(x, rope);
-  return norm->forward(x);
+  AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
+  for (const auto& layer : layers) stream = layer->forward(stream.sum, stream.normed, rope);
+  return stream.normed.defined() ? norm->forward_add(stream.sum, stream.normed).normed : norm->forward(stream.sum);
 }
 
 Llama::Llama(const LlamaConfig& config, Generator* generator) : config_(config) {

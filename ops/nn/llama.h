@@ -28,6 +28,8 @@ class RMSNorm : public Module {
  public:
   RMSNorm(int64_t dim, double eps);
   Tensor forward(const Tensor& x) const;
+  // {x + delta, forward(x + delta)} in one pass (add_rms_norm): a residual add and this norm.
+  AddNorm forward_add(const Tensor& x, const Tensor& delta) const;
   Tensor weight;  // [dim]
   double eps;
 };
@@ -50,7 +52,11 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& x, const RopeTables& rope) const;
+  // The residual stream after this layer is x + pending + attention + MLP. `pending` (the layer
+  // before's MLP output, or undefined) and the attention output are added by the norms after them
+  // (add_rms_norm: one pass over the stream instead of two); the MLP output is returned as the
+  // next pending delta: {stream before it, MLP output}.
+  AddNorm forward(const Tensor& x, const Tensor& pending, const RopeTables& rope) const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
