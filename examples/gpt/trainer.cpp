@@ -218,8 +218,11 @@ std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer&
   const std::vector<mt::tok::TokenId> encoded = tokenizer.encode(prompt, /*add_special_tokens=*/true);
   std::vector<int64_t> ids(encoded.begin(), encoded.end());
   mt::Generator generator(seed);
-  const std::vector<int64_t> out =
-      mt::nn::generate(model, ids, mt::nn::GenerateOptions{new_tokens, temperature, top_k}, &generator);
+  mt::nn::GenerateOptions options;
+  options.max_new_tokens = new_tokens;
+  options.temperature = temperature;
+  options.top_k = top_k;
+  const std::vector<int64_t> out = mt::nn::generate(model, ids, options, &generator);
   std::vector<mt::tok::TokenId> out_ids;
   for (const int64_t id : out) {
     // A model may have more rows than its tokenizer has ids (padded vocabularies): such ids are not text.

@@ -26,9 +26,14 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir) {
 
 // ------------------------------------------------------------------ sampling
 
+Tensor CausalLM::forward_cached(const Tensor&, KVCache&) const {
+  MT_CHECK_T(NotImplementedError, false, "forward_cached: ", model_type(), " models have no KV cache");
+}
+
 namespace {
 
-// Draws an index from softmax(logits / temperature) restricted to the top_k largest.
+// Draws an index from softmax(logits / temperature), restricted to the top_k largest and then to
+// the smallest set of most likely tokens whose probabilities reach top_p.
 int64_t sample_token(std::vector<double> logits, const GenerateOptions& options, Generator* generator) {
   const auto n = static_cast<int64_t>(logits.size());
   if (options.temperature == 0.0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
@@ -43,6 +48,16 @@ int64_t sample_token(std::vector<double> logits, const GenerateOptions& options,
   const double top = *std::max_element(logits.begin(), logits.end());
   double total = 0;
   for (double& l : logits) total += (l = std::exp((l - top) / options.temperature));
+  if (options.top_p < 1.0) {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+    double kept = 0;
+    size_t i = 0;
+    for (; i < order.size() && kept < options.top_p * total; ++i) kept += logits[order[i]];
+    for (; i < order.size(); ++i) logits[order[i]] = 0;
+    total = kept;
+  }
   const double u = rand({1}, {}, generator).item() * total;
   double running = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -52,6 +67,12 @@ int64_t sample_token(std::vector<double> logits, const GenerateOptions& options,
   return std::max_element(logits.begin(), logits.end()) - logits.begin();  // u rounded up to total
 }
 
+// The logits of the last position: [1, T, V] -> V values.
+std::vector<double> last_logits(const Tensor& logits) {
+  const int64_t t = logits.size(1);
+  return logits.slice(1, t - 1, t).to_vector<double>();
+}
+
 }  // namespace
 
 std::vector<int64_t> generate(const CausalLM& model, std::vector<int64_t> prompt, const GenerateOptions& options,
@@ -59,19 +80,35 @@ std::vector<int64_t> generate(const CausalLM& model, std::vector<int64_t> prompt
   MT_CHECK(!prompt.empty(), "generate: the prompt is empty");
   MT_CHECK(options.temperature >= 0, "generate: temperature must be >= 0, got ", options.temperature);
   MT_CHECK(options.top_k >= 0, "generate: top_k must be >= 0, got ", options.top_k);
+  MT_CHECK(options.top_p > 0 && options.top_p <= 1, "generate: top_p must be in (0, 1], got ", options.top_p);
   for (size_t i = 0; i < prompt.size(); ++i) {
     MT_CHECK(prompt[i] >= 0 && prompt[i] < model.vocab_size(), "generate: prompt token ", prompt[i], " at position ", i,
              " is outside the vocabulary [0, ", model.vocab_size(), ")");
   }
   NoGradGuard no_grad;
   const Device device = model.parameters().front().device();
+  const auto ids_tensor = [&](std::vector<int64_t>::const_iterator begin, std::vector<int64_t>::const_iterator end) {
+    const std::vector<double> window(begin, end);
+    return from_vector(window, {1, static_cast<int64_t>(window.size())}, DType::i64).to(device);
+  };
+  const int64_t limit = model.max_positions();
+  KVCache cache;
+  bool cached = options.use_cache && model.has_kv_cache() && static_cast<int64_t>(prompt.size()) < limit;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    const auto context =
-        static_cast<int64_t>(std::min<size_t>(prompt.size(), static_cast<size_t>(model.max_positions())));
-    std::vector<double> window(prompt.end() - context, prompt.end());
-    const Tensor ids = from_vector(window, {1, context}, DType::i64).to(device);  // [1, T]
-    const Tensor last = model.forward(ids).slice(1, context - 1, context);        // [1, 1, V]
-    prompt.push_back(sample_token(last.to_vector<double>(), options, generator));
+    std::vector<double> logits;
+    if (cached && cache.length == 0) {
+      logits = last_logits(model.forward_cached(ids_tensor(prompt.begin(), prompt.end()), cache));
+    } else if (cached) {
+      logits = last_logits(model.forward_cached(ids_tensor(prompt.end() - 1, prompt.end()), cache));
+    } else {
+      const auto context = std::min<int64_t>(static_cast<int64_t>(prompt.size()), limit);
+      logits = last_logits(model.forward(ids_tensor(prompt.end() - context, prompt.end())));
+    }
+    const int64_t token = sample_token(std::move(logits), options, generator);
+    prompt.push_back(token);
+    if (options.on_token) options.on_token(token);
+    if (options.stop_token && token == *options.stop_token) break;
+    cached = cached && static_cast<int64_t>(prompt.size()) < limit;  // full context: recompute from the window
   }
   return prompt;
 }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,13 @@
 #include "ops/nn/module.h"
 
 namespace mt::nn {
+
+// Keys and values of the tokens a model has seen, per layer, so that generation feeds one new
+// token a step instead of the whole context (KV cache).
+struct KVCache {
+  std::vector<Tensor> keys, values;  // [layers] of [B, Hkv, length, D]; undefined before the first step
+  int64_t length = 0;                // tokens cached
+};
 
 class CausalLM : public Module {
  public:
@@ -31,6 +40,11 @@ class CausalLM : public Module {
   virtual bool adapters_fan_in_fan_out() const { return false; }
   virtual void save_pretrained(const std::string& dir) const = 0;
   virtual std::string config_json() const = 0;  // what save_pretrained writes as config.json
+  // Logits of `ids` [B, T] following the `cache.length` tokens already in `cache`, which then holds
+  // them too: a whole prompt into an empty cache, then one token at a time. Models without a cache
+  // return false from has_kv_cache() and throw here.
+  virtual bool has_kv_cache() const { return false; }
+  virtual Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
 };
 
 // config.json's model_type: "gpt2" -> GPT, "llama" / "mistral" / "qwen2" -> Llama. Throws
@@ -39,12 +53,17 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir);
 
 struct GenerateOptions {
   int64_t max_new_tokens = 100;
-  double temperature = 1.0;  // 0: greedy
-  int64_t top_k = 0;         // 0: the whole vocabulary
+  double temperature = 1.0;               // 0: greedy
+  int64_t top_k = 0;                      // 0: the whole vocabulary
+  double top_p = 1.0;                     // nucleus: the most likely tokens whose probabilities add up to top_p
+  std::optional<int64_t> stop_token;      // generation ends after it
+  std::function<void(int64_t)> on_token;  // called with each new token as it is drawn (streaming)
+  bool use_cache = true;                  // a KV cache where the model has one
 };
 
 // Extends `prompt` by sampling one token at a time (no gradient, eval mode assumed by the caller).
-// The context fed to the model is the last max_positions() tokens.
+// With a KV cache the prompt runs once and each step feeds one token, until the context reaches
+// max_positions(); without one (or past that), each step runs the last max_positions() tokens.
 std::vector<int64_t> generate(const CausalLM& model, std::vector<int64_t> prompt, const GenerateOptions& options,
                               Generator* generator = nullptr);
 

@@ -51,13 +51,27 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator* g)
   register_module("o_proj", o_proj, projection(n_head * head_dim, c.hidden_size, c.o_proj_bias, g));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const RopeTables& rope) const {
+Tensor LlamaAttention::forward(const Tensor& x, const RopeTables& rope, Tensor* cached_k, Tensor* cached_v) const {
   const auto scope = trace_scope();
   const Tensor q = apply_rope(heads(q_proj->forward(x), n_head, head_dim), rope);
-  const Tensor k = apply_rope(heads(k_proj->forward(x), n_kv_head, head_dim), rope);
-  const Tensor v = heads(v_proj->forward(x), n_kv_head, head_dim);
+  Tensor k = apply_rope(heads(k_proj->forward(x), n_kv_head, head_dim), rope);
+  Tensor v = heads(v_proj->forward(x), n_kv_head, head_dim);
+  bool causal = true;
+  if (cached_k != nullptr) {
+    if (cached_k->defined()) {
+      // Past keys come first; a query block after them would need a bottom-right causal mask,
+      // which is why a cache takes one new token at a time once it holds any.
+      MT_CHECK(x.size(1) == 1, "LlamaAttention: after the prompt a KV cache takes one token at a time, got ",
+               x.size(1));
+      k = cat({*cached_k, k}, 2);
+      v = cat({*cached_v, v}, 2);
+      causal = false;  // the one query sees every cached key
+    }
+    *cached_k = k;
+    *cached_v = v;
+  }
   const int64_t rep = n_head / n_kv_head;
-  const Tensor y = scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), /*causal=*/true);
+  const Tensor y = scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), causal);
   return o_proj->forward(reshape(transpose(y, 1, 2), {x.size(0), x.size(1), n_head * head_dim}));
 }
 
@@ -80,11 +94,13 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
                   std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RopeTables& rope) const {
+AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RopeTables& rope, Tensor* cached_k,
+                                   Tensor* cached_v) const {
   const auto scope = trace_scope();
   const AddNorm in =
       pending.defined() ? input_layernorm->forward_add(x, pending) : AddNorm{x, input_layernorm->forward(x)};
-  const AddNorm mid = post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope));
+  const AddNorm mid =
+      post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, cached_k, cached_v));
   return {mid.sum, mlp->forward(mid.normed)};
 }
 
@@ -97,19 +113,28 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g) : config_(c) {
   register_module("norm", norm, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaModel::forward(const Tensor& ids) const {
+Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
   const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, ids.dim() == 2, "Llama: ids must be [B, T], got ", shape_str(ids.shape()));
-  const int64_t t = ids.size(1);
+  const int64_t past = cache != nullptr ? cache->length : 0;
+  const int64_t t = past + ids.size(1);
   MT_CHECK(t <= config_.max_position_embeddings, "Llama: a sequence of ", t, " tokens exceeds max_position_embeddings ",
            config_.max_position_embeddings);
   MT_CHECK(!config_.sliding_window || t <= *config_.sliding_window, "Llama: a sequence of ", t,
            " tokens is longer than the sliding_window ", config_.sliding_window.value_or(0), " of this ",
            config_.model_type, " model, and windowed attention is not implemented");
   const RopeTables rope =
-      rope_tables(t, config_.dim_per_head(), config_.rope_theta, config_.rope_scaling, ids.device());
+      rope_tables(ids.size(1), config_.dim_per_head(), config_.rope_theta, config_.rope_scaling, ids.device(), past);
+  if (cache != nullptr && cache->keys.empty()) {
+    cache->keys.resize(layers.size());
+    cache->values.resize(layers.size());
+  }
   AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
-  for (const auto& layer : layers) stream = layer->forward(stream.sum, stream.normed, rope);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    stream = layers[i]->forward(stream.sum, stream.normed, rope, cache ? &cache->keys[i] : nullptr,
+                                cache ? &cache->values[i] : nullptr);
+  }
+  if (cache != nullptr) cache->length = t;
   return stream.normed.defined() ? norm->forward_add(stream.sum, stream.normed).normed : norm->forward(stream.sum);
 }
 
@@ -135,6 +160,11 @@ const Tensor& Llama::lm_head_weight() const { return lm_head ? lm_head->weight :
 Tensor Llama::forward(const Tensor& ids) const {
   const auto scope = trace_scope();
   return matmul(model->forward(ids), transpose(lm_head_weight(), 0, 1));
+}
+
+Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) const {
+  const auto scope = trace_scope();
+  return matmul(model->forward(ids, &cache), transpose(lm_head_weight(), 0, 1));
 }
 
 Tensor Llama::loss(const Tensor& ids, const Tensor& targets) const {

@@ -37,7 +37,9 @@ class RMSNorm : public Module {
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& x, const RopeTables& rope) const;  // [B, T, C] -> [B, T, C]
+  // [B, T, C] -> [B, T, C]. With a cache (keys/values of the positions before x's), x's keys and
+  // values are appended to it and x attends to all of them.
+  Tensor forward(const Tensor& x, const RopeTables& rope, Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;
 };
@@ -56,7 +58,8 @@ class LlamaDecoderLayer : public Module {
   // before's MLP output, or undefined) and the attention output are added by the norms after them
   // (add_rms_norm: one pass over the stream instead of two); the MLP output is returned as the
   // next pending delta: {stream before it, MLP output}.
-  AddNorm forward(const Tensor& x, const Tensor& pending, const RopeTables& rope) const;
+  AddNorm forward(const Tensor& x, const Tensor& pending, const RopeTables& rope, Tensor* cached_k = nullptr,
+                  Tensor* cached_v = nullptr) const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
@@ -66,7 +69,7 @@ class LlamaDecoderLayer : public Module {
 class LlamaModel : public Module {
  public:
   LlamaModel(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after the final norm
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr) const;  // [B, T] -> hidden [B, T, C] after the final norm
   std::shared_ptr<Embedding> embed_tokens;
   std::shared_ptr<ModuleList> layers_list;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
@@ -91,6 +94,8 @@ class Llama : public CausalLM {
   int64_t hidden_size() const override { return config_.hidden_size; }
   void save_pretrained(const std::string& dir) const override { save_pretrained(dir, int64_t{5} << 30); }
   std::string config_json() const override { return config_.to_json(); }
+  bool has_kv_cache() const override { return true; }
+  Tensor forward_cached(const Tensor& ids, KVCache& cache) const override;
   const Tensor& lm_head_weight() const;  // [V, C]: lm_head's, or the embedding's when tied
 
   // A Hugging Face directory: config.json and model.safetensors or its shards. The weights keep

@@ -31,13 +31,13 @@ std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta, cons
 }
 
 RopeTables rope_tables(int64_t seq_len, int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling,
-                       Device device) {
+                       Device device, int64_t start) {
   const auto inv = rope_inverse_frequencies(head_dim, theta, scaling);
   const int64_t half = head_dim / 2;
   std::vector<double> cos(static_cast<size_t>(seq_len * head_dim)), sin(cos.size());
   for (int64_t t = 0; t < seq_len; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
+      const float angle = static_cast<float>(start + t) * inv[static_cast<size_t>(i)];
       for (const int64_t col : {i, i + half}) {
         cos[static_cast<size_t>(t * head_dim + col)] = std::cos(static_cast<double>(angle));
         sin[static_cast<size_t>(t * head_dim + col)] = std::sin(static_cast<double>(angle));

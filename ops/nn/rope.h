@@ -21,8 +21,9 @@ struct RopeTables {
 };
 
 std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
+// Rows for positions [start, start + seq_len): a cached generation step's positions follow the cache.
 RopeTables rope_tables(int64_t seq_len, int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling,
-                       Device device);
+                       Device device, int64_t start = 0);
 
 // x: [B, H, T, D]; cos, sin: [T, D] (cast to x's dtype). Differentiable.
 Tensor apply_rope(const Tensor& x, const RopeTables& tables);

@@ -81,6 +81,47 @@ TEST(Llama, EarlierLogitsDoNotDependOnLaterTokensAndIgnoredTargetsDoNotCount) {
   EXPECT_NEAR(both, first, 1e-6);
 }
 
+TEST(Llama, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameGreedyTokens) {
+  Generator g(6);
+  LlamaConfig c = tiny_config();
+  c.rope_theta = 500000.0;
+  Llama model(c, &g);
+  model.eval();
+  NoGradGuard no_grad;
+  const std::vector<double> tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+  KVCache cache;
+  model.forward_cached(ids_of({3, 1, 4, 1, 5}, 1, 5), cache);  // a prompt, then one token a step
+  for (size_t n = 6; n <= tokens.size(); ++n) {
+    const auto step = model.forward_cached(ids_of({tokens[n - 1]}, 1, 1), cache).to_vector<double>();
+    const auto whole = model.forward(ids_of(std::vector<double>(tokens.begin(), tokens.begin() + n), 1, n));
+    const auto last = whole.slice(1, n - 1, n).to_vector<double>();
+    for (size_t v = 0; v < last.size(); ++v) EXPECT_NEAR(step[v], last[v], 1e-5) << "length " << n << ", id " << v;
+  }
+  EXPECT_EQ(cache.length, 8);
+  GenerateOptions greedy;
+  greedy.max_new_tokens = 20;  // past max_position_embeddings 32 with the prompt: the window takes over
+  greedy.temperature = 0;
+  GenerateOptions uncached = greedy;
+  uncached.use_cache = false;
+  const std::vector<int64_t> prompt(15, 2);
+  EXPECT_EQ(generate(model, prompt, greedy), generate(model, prompt, uncached));
+  // top_p that keeps only the most likely token samples greedily; a stop token ends the sequence.
+  GenerateOptions nucleus = greedy;
+  nucleus.temperature = 1.0;
+  nucleus.top_p = 1e-9;
+  Generator s(1);
+  EXPECT_EQ(generate(model, prompt, nucleus, &s), generate(model, prompt, greedy));
+  GenerateOptions stopping = greedy;
+  const auto expected = generate(model, prompt, greedy);
+  stopping.stop_token = expected[16];
+  std::vector<int64_t> streamed;
+  stopping.on_token = [&](int64_t t) { streamed.push_back(t); };
+  const auto stopped = generate(model, prompt, stopping);
+  EXPECT_EQ(stopped.back(), expected[16]);
+  EXPECT_LE(stopped.size(), 17u);
+  EXPECT_EQ(streamed, std::vector<int64_t>(stopped.begin() + 15, stopped.end()));
+}
+
 TEST_F(LlamaFiles, ConfigErrorsNameTheFileAndTheField) {
   const auto message = [&](const std::string& json) {
     return error_message_of([&] { LlamaConfig::from_json_file(config_file(json)); });
