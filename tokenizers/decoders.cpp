@@ -221,8 +221,9 @@ std::unique_ptr<PostProcessor> parse_template(const json& spec, const std::strin
     const auto it = specials.find(name);
     if (it == specials.end())
       detail::fail_file(where, "post_processor names special token '", name, "' it does not define");
-    for (const auto id : required<std::vector<TokenId>>(*it, "ids", where, in))
-      (seen_sequence ? after : before).push_back(id);
+    const json& ids = required_field(*it, "ids", where, in);
+    if (!ids.is_array()) detail::fail_file(where, "post_processor special token '", name, "' has no ids array");
+    for (const auto& id : ids) (seen_sequence ? after : before).push_back(value_as<TokenId>(id, "ids", where, in));
   }
   return std::make_unique<TemplateProcessor>(std::move(before), std::move(after));
 }
@@ -232,10 +233,8 @@ std::unique_ptr<PostProcessor> parse_cls_sep(const json& spec, const std::string
   const char* in = "post_processor";
   const auto id_of = [&](const char* key) {
     const json& pair = required_field(spec, key, where, in);
-    if (!pair.is_array() || pair.size() != 2 || !pair[1].is_number_unsigned()) {
-      detail::fail_file(where, "post_processor.", key, " is not [token, id]");
-    }
-    return pair[1].get<TokenId>();
+    if (!pair.is_array() || pair.size() != 2) detail::fail_file(where, "post_processor.", key, " is not [token, id]");
+    return value_as<TokenId>(pair[1], key, where, in);
   };
   return std::make_unique<TemplateProcessor>(std::vector<TokenId>{id_of("cls")}, std::vector<TokenId>{id_of("sep")});
 }

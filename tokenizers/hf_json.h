@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_number.h"
 
 namespace mt::tok {
 
@@ -17,25 +18,32 @@ inline const json& required_field(const json& object, const char* key, const std
   return *it;
 }
 
+// A value as T: integers must be JSON integers in T's range (core/json_number.h).
 template <typename T>
-T field_or(const json& object, const char* key, const T& fallback, const std::string& where, const char* in) {
-  const auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception& e) {
-    detail::fail_file(where, in, ".", key, " has the wrong type: ", e.what());
+T value_as(const json& value, const char* key, const std::string& where, const char* in) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const auto v = json_integer<T>(value);
+    if (!v) detail::fail_file(where, in, ".", key, " is ", value.dump(), ", not an integer in range");
+    return *v;
+  } else {
+    try {
+      return value.get<T>();
+    } catch (const json::exception& e) {
+      detail::fail_file(where, in, ".", key, " has the wrong type: ", e.what());
+    }
   }
 }
 
 template <typename T>
+T field_or(const json& object, const char* key, const T& fallback, const std::string& where, const char* in) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  return value_as<T>(*it, key, where, in);
+}
+
+template <typename T>
 T required(const json& object, const char* key, const std::string& where, const char* in) {
-  const json& value = required_field(object, key, where, in);
-  try {
-    return value.get<T>();
-  } catch (const json::exception& e) {
-    detail::fail_file(where, in, ".", key, " has the wrong type: ", e.what());
-  }
+  return value_as<T>(required_field(object, key, where, in), key, where, in);
 }
 
 inline std::string type_of(const json& object, const std::string& where, const char* in) {

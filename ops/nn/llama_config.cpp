@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_number.h"
 
 namespace mt::nn {
 namespace {
@@ -25,23 +26,35 @@ json read_json(const std::string& path) {
   }
 }
 
+// One value as T; integers must be JSON integers in T's range (core/json_number.h).
+template <typename T>
+T value_as(const json& value, const char* key, const std::string& path) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const auto v = json_integer<T>(value);
+    if (!v) fail_file(path, "\"", key, "\" is ", value.dump(), ", not an integer in range");
+    return *v;
+  } else {
+    return value.get<T>();
+  }
+}
+
 template <typename T>
 T required(const json& j, const char* key, const std::string& path) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) fail_file(path, "the config has no \"", key, "\"");
-  return it->get<T>();
+  return value_as<T>(*it, key, path);
 }
 
 template <typename T>
-T optional(const json& j, const char* key, T fallback) {
+T optional(const json& j, const char* key, T fallback, const std::string& path) {
   const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? fallback : it->get<T>();
+  return it == j.end() || it->is_null() ? fallback : value_as<T>(*it, key, path);
 }
 
 std::optional<int64_t> optional_id(const json& j, const char* key) {
   const auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) return std::nullopt;  // lists of eos ids: the first is not chosen
-  return it->get<int64_t>();
+  if (it == j.end()) return std::nullopt;
+  return json_integer<int64_t>(*it);  // a list of eos ids, or anything else: none chosen
 }
 
 // Rotary settings: transformers 5 writes "rope_parameters" {"rope_type", "rope_theta", ...}; earlier
@@ -49,12 +62,12 @@ std::optional<int64_t> optional_id(const json& j, const char* key) {
 void read_rope_scaling(const json& j, const std::string& path, LlamaConfig& c) {
   auto it = j.find("rope_parameters");
   if (it != j.end() && it->is_object()) {
-    c.rope_theta = optional<double>(*it, "rope_theta", c.rope_theta);
+    c.rope_theta = optional<double>(*it, "rope_theta", c.rope_theta, path);
   } else {
     it = j.find("rope_scaling");
   }
   if (it == j.end() || it->is_null()) return;
-  const std::string type = optional<std::string>(*it, "rope_type", optional<std::string>(*it, "type", ""));
+  const std::string type = optional<std::string>(*it, "rope_type", optional<std::string>(*it, "type", "", path), path);
   if (type == "default") return;
   if (type != "llama3") {
     fail_file(path, "rope_scaling of type \"", type, "\" is not supported (supported: none, \"default\", \"llama3\")");
@@ -68,11 +81,12 @@ void read_rope_scaling(const json& j, const std::string& path, LlamaConfig& c) {
 }
 
 void read_unsupported(const json& j, const std::string& path) {
-  const std::string act = optional<std::string>(j, "hidden_act", "silu");
+  const std::string act = optional<std::string>(j, "hidden_act", "silu", path);
   if (act != "silu") fail_file(path, "hidden_act \"", act, "\" is not supported (silu)");
-  if (optional<bool>(j, "mlp_bias", false)) fail_file(path, "mlp_bias true is not supported");
-  if (optional<int64_t>(j, "pretraining_tp", 1) != 1) fail_file(path, "pretraining_tp other than 1 is not supported");
-  if (optional<double>(j, "attention_dropout", 0.0) != 0.0) {
+  if (optional<bool>(j, "mlp_bias", false, path)) fail_file(path, "mlp_bias true is not supported");
+  if (optional<int64_t>(j, "pretraining_tp", 1, path) != 1)
+    fail_file(path, "pretraining_tp other than 1 is not supported");
+  if (optional<double>(j, "attention_dropout", 0.0, path) != 0.0) {
     fail_file(path, "attention_dropout other than 0 is not supported");
   }
 }
@@ -118,12 +132,12 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
     c.intermediate_size = required<int64_t>(j, "intermediate_size", path);
     c.num_hidden_layers = required<int64_t>(j, "num_hidden_layers", path);
     c.num_attention_heads = required<int64_t>(j, "num_attention_heads", path);
-    c.num_key_value_heads = optional<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
-    c.head_dim = optional<int64_t>(j, "head_dim", 0);
+    c.num_key_value_heads = optional<int64_t>(j, "num_key_value_heads", c.num_attention_heads, path);
+    c.head_dim = optional<int64_t>(j, "head_dim", 0, path);
     c.rms_norm_eps = required<double>(j, "rms_norm_eps", path);
-    c.rope_theta = optional<double>(j, "rope_theta", 10000.0);
+    c.rope_theta = optional<double>(j, "rope_theta", 10000.0, path);
     c.max_position_embeddings = required<int64_t>(j, "max_position_embeddings", path);
-    c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false);
+    c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, path);
     c.bos_token_id = optional_id(j, "bos_token_id");
     c.eos_token_id = optional_id(j, "eos_token_id");
     read_rope_scaling(j, path, c);
@@ -131,12 +145,13 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
     if (c.model_type == "qwen2") {
       c.attention_bias = true;  // Qwen2: q, k and v have biases, o does not
     } else {
-      c.attention_bias = c.o_proj_bias = optional<bool>(j, "attention_bias", false);
+      c.attention_bias = c.o_proj_bias = optional<bool>(j, "attention_bias", false, path);
     }
-    const bool windowed = c.model_type == "mistral" || optional<bool>(j, "use_sliding_window", false);
+    const bool windowed = c.model_type == "mistral" || optional<bool>(j, "use_sliding_window", false, path);
     if (windowed) {
-      if (const auto w = j.find("sliding_window"); w != j.end() && w->is_number_integer())
-        c.sliding_window = w->get<int64_t>();
+      if (const auto w = j.find("sliding_window"); w != j.end() && !w->is_null()) {
+        c.sliding_window = value_as<int64_t>(*w, "sliding_window", path);
+      }
     }
   } catch (const json::exception& e) {
     fail_file(path, "a config field has the wrong type: ", e.what());
@@ -186,7 +201,7 @@ std::string LlamaConfig::to_json() const {
 
 std::string model_type_of(const std::string& config_path) {
   const json j = read_json(config_path);
-  return optional<std::string>(j, "model_type", "");
+  return optional<std::string>(j, "model_type", "", config_path);
 }
 
 }  // namespace mt::nn
