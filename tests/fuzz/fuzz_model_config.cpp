@@ -22,8 +22,8 @@ namespace {
 
 std::string scratch_dir() {
   const char* tmp = std::getenv("TMPDIR");
-  const std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/mt-fuzz-index." +
-                          std::to_string(::getpid());
+  const std::string dir =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/mt-fuzz-index." + std::to_string(::getpid());
   ::mkdir(dir.c_str(), 0700);
   mt::save_safetensors(dir + "/a.safetensors", {{"w", mt::zeros({2, 3})}});
   return dir;
