@@ -254,11 +254,8 @@ std::unique_ptr<Decoder> parse_decoder(const json& spec, const std::string& wher
                                               strip_first);
   }
   if (type == "Replace") {
-    const json& pattern = required_field(spec, "pattern", where, in);
-    auto regex = pattern.contains("Regex")
-                     ? std::make_unique<Regex>(required<std::string>(pattern, "Regex", where, in))
-                     : std::make_unique<Regex>(required<std::string>(pattern, "String", where, in), true);
-    return std::make_unique<ReplaceDecoder>(std::move(regex), required<std::string>(spec, "content", where, in));
+    return std::make_unique<ReplaceDecoder>(parse_pattern(spec, where, in),
+                                            required<std::string>(spec, "content", where, in));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();

@@ -3,20 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizers/text_sources.h"
 
 namespace mt::tok {
 namespace {
-
-nlohmann::json parse_object(std::string_view line, const std::string& path, size_t line_number) {
-  nlohmann::json object;
-  try {
-    object = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers too large
-    detail::fail_file(path, "line ", line_number, ": not valid JSON: ", e.what());
-  }
-  if (!object.is_object()) detail::fail_file(path, "line ", line_number, ": not a JSON object");
-  return object;
-}
 
 std::string string_field(const nlohmann::json& object, const char* key, const std::string& path, size_t line_number,
                          const char* in = "") {
@@ -81,7 +71,7 @@ std::string RoleTemplate::render(const std::string& role, const std::string& con
 
 MaskedIds encode_prompt_completion(const Tokenizer& tokenizer, std::string_view line, const std::string& path,
                                    size_t line_number) {
-  const auto object = parse_object(line, path, line_number);
+  const auto object = parse_jsonl_object(line, path, line_number);
   MaskedIds out;
   add_bos(tokenizer, out);
   out.append(tokenizer.encode(string_field(object, "prompt", path, line_number)), 0);
@@ -94,7 +84,7 @@ MaskedIds encode_prompt_completion(const Tokenizer& tokenizer, std::string_view 
 
 MaskedIds encode_messages(const Tokenizer& tokenizer, const RoleTemplate& roles, std::string_view line,
                           const std::string& path, size_t line_number) {
-  const auto object = parse_object(line, path, line_number);
+  const auto object = parse_jsonl_object(line, path, line_number);
   const auto it = object.find("messages");
   if (it == object.end() || !it->is_array()) {
     detail::fail_file(path, "line ", line_number, ": no \"messages\" array");

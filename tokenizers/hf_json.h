@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/json_number.h"
+#include "tokenizers/regex.h"
 
 namespace mt::tok {
 
@@ -44,6 +45,16 @@ T field_or(const json& object, const char* key, const T& fallback, const std::st
 template <typename T>
 T required(const json& object, const char* key, const std::string& where, const char* in) {
   return value_as<T>(required_field(object, key, where, in), key, where, in);
+}
+
+// A component's "pattern": {"Regex": "..."} or {"String": "..."} (matched literally).
+inline std::unique_ptr<Regex> parse_pattern(const json& spec, const std::string& where, const char* in) {
+  const json& pattern = required_field(spec, "pattern", where, in);
+  if (pattern.contains("Regex")) return std::make_unique<Regex>(required<std::string>(pattern, "Regex", where, in));
+  if (pattern.contains("String")) {
+    return std::make_unique<Regex>(required<std::string>(pattern, "String", where, in), /*literal=*/true);
+  }
+  detail::fail_file(where, in, ".pattern has neither \"Regex\" nor \"String\"");
 }
 
 inline std::string type_of(const json& object, const std::string& where, const char* in) {

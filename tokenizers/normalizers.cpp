@@ -135,11 +135,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& spec, const std::string
   const char* in = "normalizer";
   const std::string type = type_of(spec, where, in);
   if (type == "Replace") {
-    const json& pattern = required_field(spec, "pattern", where, in);
-    auto regex = pattern.contains("Regex")
-                     ? std::make_unique<Regex>(required<std::string>(pattern, "Regex", where, in))
-                     : std::make_unique<Regex>(required<std::string>(pattern, "String", where, in), true);
-    return std::make_unique<ReplaceNormalizer>(std::move(regex), required<std::string>(spec, "content", where, in));
+    return std::make_unique<ReplaceNormalizer>(parse_pattern(spec, where, in),
+                                               required<std::string>(spec, "content", where, in));
   }
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(required<std::string>(spec, "prepend", where, in));
   if (type == "Strip") {

@@ -98,15 +98,6 @@ class SequencePreTokenizer : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 
-std::unique_ptr<Regex> parse_pattern(const json& spec, const std::string& where, const char* in) {
-  const json& pattern = required_field(spec, "pattern", where, in);
-  if (pattern.contains("Regex")) return std::make_unique<Regex>(required<std::string>(pattern, "Regex", where, in));
-  if (pattern.contains("String")) {
-    return std::make_unique<Regex>(required<std::string>(pattern, "String", where, in), /*literal=*/true);
-  }
-  detail::fail_file(where, in, ".pattern has neither \"Regex\" nor \"String\"");
-}
-
 PrependScheme parse_prepend_scheme(const json& spec, const std::string& where) {
   const auto scheme = field_or<std::string>(spec, "prepend_scheme", "", where, "pre_tokenizer");
   if (scheme.empty()) {  // files written before prepend_scheme existed

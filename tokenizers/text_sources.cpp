@@ -69,8 +69,7 @@ std::string read_whole_file(const std::string& path) {
   return text;
 }
 
-std::string jsonl_string_field(std::string_view line, const std::string& field, const std::string& path,
-                               size_t line_number) {
+nlohmann::json parse_jsonl_object(std::string_view line, const std::string& path, size_t line_number) {
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
@@ -78,6 +77,12 @@ std::string jsonl_string_field(std::string_view line, const std::string& field, 
     detail::fail_file(path, "line ", line_number, ": not valid JSON: ", e.what());
   }
   if (!object.is_object()) detail::fail_file(path, "line ", line_number, ": not a JSON object");
+  return object;
+}
+
+std::string jsonl_string_field(std::string_view line, const std::string& field, const std::string& path,
+                               size_t line_number) {
+  const nlohmann::json object = parse_jsonl_object(line, path, line_number);
   const auto it = object.find(field);
   if (it == object.end()) detail::fail_file(path, "line ", line_number, ": no \"", field, "\" field");
   if (!it->is_string()) detail::fail_file(path, "line ", line_number, ": \"", field, "\" is not a string");

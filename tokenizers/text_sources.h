@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,9 @@ std::string read_whole_file(const std::string& path);
 // Appends the documents of `text`, the contents of `source`, to `documents`.
 void split_documents(const TextSource& source, const std::string& text, const std::string& field,
                      std::vector<std::string>& documents);
+
+// The JSON object on line `line_number` of `path` (FileError naming both when it is not one).
+nlohmann::json parse_jsonl_object(std::string_view line, const std::string& path, size_t line_number);
 
 // The string `field` of the JSON object on line `line_number` of `path`.
 std::string jsonl_string_field(std::string_view line, const std::string& field, const std::string& path,
