@@ -167,8 +167,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
   for (int i = 0; i >= 0; i = next[i]) out.push_back(ids[i]);
 }
 
-void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const {
-  if (word.empty()) return;
+// A word's ids without the cache: with ignore_merges a word in the vocabulary is that one token.
+void BpeModel::tokenize_uncached(std::string_view word, std::vector<TokenId>& out) const {
   if (options_.ignore_merges) {
     const auto whole = vocab_.find(std::string(word));
     if (whole != vocab_.end()) {
@@ -176,8 +176,13 @@ void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const 
       return;
     }
   }
+  merge_word(word, out);
+}
+
+void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const {
+  if (word.empty()) return;
   if (word.size() > kCachedWordBytes) {
-    merge_word(word, out);
+    tokenize_uncached(word, out);
     return;
   }
   WordCache& cache = word_cache;
@@ -186,7 +191,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const 
     cache.owner = cache_owner_;
   }
   auto [it, inserted] = cache.words.try_emplace(std::string(word));
-  if (inserted) merge_word(word, it->second);
+  if (inserted) tokenize_uncached(word, it->second);
   out.insert(out.end(), it->second.begin(), it->second.end());
 }
 

@@ -58,6 +58,7 @@ class BpeModel {
   static uint64_t pair_key(TokenId left, TokenId right) { return (uint64_t{left} << 32) | right; }
   void initial_symbols(std::string_view word, std::vector<TokenId>& ids, std::vector<uint32_t>& bytes) const;
   void merge_word(std::string_view word, std::vector<TokenId>& out) const;
+  void tokenize_uncached(std::string_view word, std::vector<TokenId>& out) const;
 
   std::unordered_map<std::string, TokenId> vocab_;
   std::vector<std::string> id_to_token_;
