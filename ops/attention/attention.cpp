@@ -19,6 +19,7 @@
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/matmul/matmul.h"
+#include "ops/shape/shape.h"
 #include "ops/softmax/softmax.h"
 #include "ops/where/where.h"
 
@@ -89,6 +90,27 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   return forward.out;
 }
 
+// The composite: matmul, mask, softmax, dropout, matmul. q, k and v have as many heads.
+Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                           double scale) {
+  Tensor scores = mul(matmul(q, k.transpose(2, 3)), scale);  // [B, H, Tq, Tk]
+  if (causal) {
+    scores =
+        masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -std::numeric_limits<double>::infinity());
+  }
+  Tensor attn = softmax(scores, -1);
+  if (dropout_p > 0.0) attn = dropout(attn, dropout_p, /*training=*/true);
+  return matmul(attn, v);  // [B, H, Tq, Dv]
+}
+
+// [B, Hkv, T, D] -> [B, Hkv * group, T, D], each head repeated for the query heads that share it
+// (the reference's grouped-query attention; its backward sums the copies' gradients).
+Tensor repeat_heads(const Tensor& x, int64_t group) {
+  if (group == 1) return x;
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  return reshape(expand(reshape(x, {b, h, 1, t, d}), {b, h, group, t, d}), {b, h * group, t, d});
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
@@ -107,15 +129,19 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              ops::describe(v));
   MT_CHECK_T(ShapeError,
              q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) &&
-                 q.size(1) == k.size(1) && q.size(1) == v.size(1) && q.size(3) == k.size(3) && k.size(2) == v.size(2),
-             kOp, ": expected q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], got q ", ops::describe(q), ", k ",
-             ops::describe(k), ", v ", ops::describe(v));
+                 k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 && q.size(3) == k.size(3) &&
+                 k.size(2) == v.size(2),
+             kOp, ": expected q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] with H a multiple of Hkv, got q ",
+             ops::describe(q), ", k ", ops::describe(k), ", v ", ops::describe(v));
   MT_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, kOp, ": dropout_p must lie in [0, 1], got ", dropout_p);
   MT_CHECK_T(ShapeError, scale.has_value() || q.size(3) > 0, kOp, ": the default scale 1/sqrt(D) needs D > 0, got q ",
              ops::describe(q));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
 
-  if (q.is_cuda()) {
+  // One query row per head (a cached generation step) has nothing to fuse: its scores are
+  // [B, H, 1, Tk], and a fused graph would be built anew for every cache length.
+  const bool single_query = q.size(2) == 1 && dropout_p == 0.0;
+  if (q.is_cuda() && !single_query) {
     const std::string unsupported = ops::cudnn_sdpa_unsupported(q, k, v);
     if (unsupported.empty()) return fused_attention(q, k, v, causal, dropout_p, s);
     warn_reference_once(unsupported);
@@ -125,14 +151,16 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   // softmax accumulates in f32 but its [B, H, Tq, Tk] output stays in the inputs' dtype
   // (under autocast's own policy it would be f32, twice the memory, then cast back for attn v).
   AutocastGuard keep_dtype(q.device().type, /*enabled=*/false);
-  Tensor scores = mul(matmul(q, k.transpose(2, 3)), s);  // [B, H, Tq, Tk]
-  if (causal) {
-    scores =
-        masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -std::numeric_limits<double>::infinity());
+  const int64_t group = q.size(1) / k.size(1);  // query heads per key/value head
+  if (group > 1 && !causal && dropout_p == 0.0) {
+    // Without a mask, a key/value head's query heads are one taller block of rows:
+    // [B, Hkv, group * Tq, D] against k [B, Hkv, Tk, D], nothing repeated.
+    const int64_t b = q.size(0), tq = q.size(2);
+    const Tensor rows = reshape(q, {b, k.size(1), group * tq, q.size(3)});
+    const Tensor out = reference_attention(rows, k, v, false, 0.0, s);
+    return reshape(out, {b, q.size(1), tq, v.size(3)});
   }
-  Tensor attn = softmax(scores, -1);
-  if (dropout_p > 0.0) attn = dropout(attn, dropout_p, /*training=*/true);
-  return matmul(attn, v);  // [B, H, Tq, Dv]
+  return reference_attention(q, repeat_heads(k, group), repeat_heads(v, group), causal, dropout_p, s);
 }
 
 }  // namespace mt

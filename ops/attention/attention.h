@@ -1,8 +1,8 @@
 // Scaled dot-product attention: cuDNN flash attention on the GPU, a reference composite elsewhere.
 //
 //   q   // [B, H, Tq, D]
-//   k   // [B, H, Tk, D]
-//   v   // [B, H, Tk, Dv]
+//   k   // [B, Hkv, Tk, D]   Hkv divides H: grouped-query attention, query head h reading
+//   v   // [B, Hkv, Tk, Dv]  key/value head h / (H / Hkv); Hkv = H is multi-head attention
 //   out // [B, H, Tq, Dv]
 //   scores = (q k^T) * scale                 // [B, H, Tq, Tk], scale defaults to 1 / sqrt(D)
 //   causal: scores[..., i, j] = -inf for j > i (top-left aligned, as PyTorch's
@@ -13,11 +13,13 @@
 //
 // On CUDA, for f16/bf16 with head size D = Dv a multiple of 8 up to 128 (sm_80 and newer),
 // it runs cuDNN's fused flash attention (ops/attention/attention_cudnn.h): O(T) memory, the
-// scores never stored, dropout drawn by cuDNN's Philox from the device generator's (seed,
-// offset). Otherwise (the CPU, f32/f64, other head sizes) it runs the reference composite of
-// differentiable ops (matmul, masked_fill, softmax, dropout), which materialises the
-// [B, H, Tq, Tk] scores; on a GPU that fallback prints a warning once per reason. Both run
-// in the inputs' dtype, accumulating in f32. q, k and v must share one dtype and one device.
+// scores never stored, k and v read by each group of query heads (never repeated in memory),
+// dropout drawn by cuDNN's Philox from the device generator's (seed, offset). Otherwise (the CPU, f32/f64, other head
+// sizes) it runs the reference composite of differentiable ops (matmul, masked_fill, softmax, dropout), which
+// materialises the [B, H, Tq, Tk] scores; on a GPU that fallback prints a warning once per reason. Both run in the
+// inputs' dtype, accumulating in f32. q, k and v must share one dtype and one device. A single query row (Tq = 1, a
+// cached generation step) always takes the composite: its scores are one row per head, and the grouped heads then share
+// k and v without a copy.
 #pragma once
 
 #include <optional>
@@ -26,8 +28,8 @@
 
 namespace mt {
 
-Tensor scaled_dot_product_attention(const Tensor& q /*[B, H, Tq, D]*/, const Tensor& k /*[B, H, Tk, D]*/,
-                                    const Tensor& v /*[B, H, Tk, Dv]*/, bool causal = false, double dropout_p = 0.0,
+Tensor scaled_dot_product_attention(const Tensor& q /*[B, H, Tq, D]*/, const Tensor& k /*[B, Hkv, Tk, D]*/,
+                                    const Tensor& v /*[B, Hkv, Tk, Dv]*/, bool causal = false, double dropout_p = 0.0,
                                     std::optional<double> scale = std::nullopt);  // -> [B, H, Tq, Dv]
 
 }  // namespace mt

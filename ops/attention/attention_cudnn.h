@@ -4,7 +4,7 @@
 // returns an empty reason.
 //
 //   q     // [B, H, Tq, D]    any strides with the last one 1 (e.g. a view of a [B, T, 3C] qkv)
-//   k, v  // [B, H, Tk, D]
+//   k, v  // [B, Hkv, Tk, D]  Hkv divides H (grouped-query attention; dk, dv summed per group)
 //   out   // [B, H, Tq, D]    contiguous when q is; else stored as [B, Tq, H, D], so merging
 //         //                  the heads back is free (the gradients take q's, k's and v's layouts so)
 //   stats // [B, H, Tq, 1]    f32 log-sum-exp of each row, for the backward

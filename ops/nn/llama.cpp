@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -20,13 +21,6 @@ std::shared_ptr<Linear> projection(int64_t in, int64_t out, bool bias, Generator
 // [B, T, H*D] -> [B, H, T, D]
 Tensor heads(const Tensor& x, int64_t n, int64_t d) {
   return transpose(reshape(x, {x.size(0), x.size(1), n, d}), 1, 2);
-}
-
-// Key/value heads repeated for the query heads that share them: [B, Hkv, T, D] -> [B, Hkv*rep, T, D].
-Tensor repeat_kv(const Tensor& x, int64_t rep) {
-  if (rep == 1) return x;
-  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
-  return reshape(expand(reshape(x, {b, h, 1, t, d}), {b, h, rep, t, d}), {b, h * rep, t, d});
 }
 
 }  // namespace
@@ -51,10 +45,11 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator* g)
   register_module("o_proj", o_proj, projection(n_head * head_dim, c.hidden_size, c.o_proj_bias, g));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const RopeTables& rope, Tensor* cached_k, Tensor* cached_v) const {
+Tensor LlamaAttention::forward(const Tensor& x, const RotaryEmbedding& rope, int64_t start, Tensor* cached_k,
+                               Tensor* cached_v) const {
   const auto scope = trace_scope();
-  const Tensor q = apply_rope(heads(q_proj->forward(x), n_head, head_dim), rope);
-  Tensor k = apply_rope(heads(k_proj->forward(x), n_kv_head, head_dim), rope);
+  const Tensor q = rope.apply(heads(q_proj->forward(x), n_head, head_dim), start);
+  Tensor k = rope.apply(heads(k_proj->forward(x), n_kv_head, head_dim), start);
   Tensor v = heads(v_proj->forward(x), n_kv_head, head_dim);
   bool causal = true;
   if (cached_k != nullptr) {
@@ -70,8 +65,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const RopeTables& rope, Tensor* 
     *cached_k = k;
     *cached_v = v;
   }
-  const int64_t rep = n_head / n_kv_head;
-  const Tensor y = scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), causal);
+  // Grouped-query attention: the n_head / n_kv_head query heads of a group read one k and v head.
+  const Tensor y = scaled_dot_product_attention(q, k, v, causal);
   return o_proj->forward(reshape(transpose(y, 1, 2), {x.size(0), x.size(1), n_head * head_dim}));
 }
 
@@ -83,7 +78,7 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator* g) {
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
   const auto scope = trace_scope();
-  return down_proj->forward(mul(silu(gate_proj->forward(x)), up_proj->forward(x)));
+  return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
@@ -94,17 +89,18 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
                   std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RopeTables& rope, Tensor* cached_k,
-                                   Tensor* cached_v) const {
+AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, int64_t start,
+                                   Tensor* cached_k, Tensor* cached_v) const {
   const auto scope = trace_scope();
   const AddNorm in =
       pending.defined() ? input_layernorm->forward_add(x, pending) : AddNorm{x, input_layernorm->forward(x)};
   const AddNorm mid =
-      post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, cached_k, cached_v));
+      post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, start, cached_k, cached_v));
   return {mid.sum, mlp->forward(mid.normed)};
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g) : config_(c) {
+LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g)
+    : config_(c), rotary_(c.dim_per_head(), c.rope_theta, c.rope_scaling) {
   register_module("embed_tokens", embed_tokens, std::make_shared<Embedding>(c.vocab_size, c.hidden_size, g));
   register_module("layers", layers_list, std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -123,16 +119,30 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
   MT_CHECK(!config_.sliding_window || t <= *config_.sliding_window, "Llama: a sequence of ", t,
            " tokens is longer than the sliding_window ", config_.sliding_window.value_or(0), " of this ",
            config_.model_type, " model, and windowed attention is not implemented");
-  const RopeTables rope =
-      rope_tables(ids.size(1), config_.dim_per_head(), config_.rope_theta, config_.rope_scaling, ids.device(), past);
   if (cache != nullptr && cache->keys.empty()) {
     cache->keys.resize(layers.size());
     cache->values.resize(layers.size());
   }
   AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
   for (size_t i = 0; i < layers.size(); ++i) {
-    stream = layers[i]->forward(stream.sum, stream.normed, rope, cache ? &cache->keys[i] : nullptr,
-                                cache ? &cache->values[i] : nullptr);
+    const LlamaDecoderLayer& layer = *layers[i];
+    // The last layer is never recomputed: backward reaches it first and would rebuild at once
+    // what keeping it holds (as GPT's blocks).
+    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && cache == nullptr &&
+                           i + 1 < layers.size() && static_cast<int64_t>(i) % checkpointing.every == 0;
+    if (recompute) {
+      const Tensor x = stream.normed.defined() ? add(stream.sum, stream.normed) : stream.sum;
+      const std::vector<Tensor> out = mt::checkpoint(
+          [&layer, this, past](const std::vector<Tensor>& in) {
+            const AddNorm o = layer.forward(in[0], Tensor(), rotary_, past);
+            return std::vector<Tensor>{o.sum, o.normed};
+          },
+          {x});
+      stream = {out[0], out[1]};
+    } else {
+      stream = layer.forward(stream.sum, stream.normed, rotary_, past, cache ? &cache->keys[i] : nullptr,
+                             cache ? &cache->values[i] : nullptr);
+    }
   }
   if (cache != nullptr) cache->length = t;
   return stream.normed.defined() ? norm->forward_add(stream.sum, stream.normed).normed : norm->forward(stream.sum);
@@ -153,6 +163,14 @@ Llama::Llama(const LlamaConfig& config, Generator* generator) : config_(config) 
       p.copy_(mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), 0.02));
     }
   }
+}
+
+void Llama::set_checkpointing(const std::string& mode) {
+  const GPTCheckpointing parsed = GPTCheckpointing::parse(mode);
+  MT_CHECK(parsed.mode != GPTCheckpointing::Mode::selective,
+           "gradient checkpointing 'selective' is not implemented for ", config_.model_type,
+           " models (off, blocks, blocks:K)");
+  model->checkpointing = parsed;
 }
 
 const Tensor& Llama::lm_head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }

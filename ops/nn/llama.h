@@ -17,6 +17,7 @@
 
 #include "core/random.h"
 #include "ops/nn/causal_lm.h"
+#include "ops/nn/gpt.h"
 #include "ops/nn/layers.h"
 #include "ops/nn/llama_config.h"
 #include "ops/nn/rope.h"
@@ -39,7 +40,9 @@ class LlamaAttention : public Module {
   LlamaAttention(const LlamaConfig& config, Generator* generator);
   // [B, T, C] -> [B, T, C]. With a cache (keys/values of the positions before x's), x's keys and
   // values are appended to it and x attends to all of them.
-  Tensor forward(const Tensor& x, const RopeTables& rope, Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
+  // Positions start at `start` (the cache's length when there is one).
+  Tensor forward(const Tensor& x, const RotaryEmbedding& rope, int64_t start, Tensor* cached_k = nullptr,
+                 Tensor* cached_v = nullptr) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;
 };
@@ -47,7 +50,7 @@ class LlamaAttention : public Module {
 class LlamaMLP : public Module {
  public:
   LlamaMLP(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& x) const;  // down_proj(silu(gate_proj(x)) * up_proj(x))
+  Tensor forward(const Tensor& x) const;  // down_proj(swiglu(gate_proj(x), up_proj(x))): silu(gate) * up
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
@@ -58,8 +61,8 @@ class LlamaDecoderLayer : public Module {
   // before's MLP output, or undefined) and the attention output are added by the norms after them
   // (add_rms_norm: one pass over the stream instead of two); the MLP output is returned as the
   // next pending delta: {stream before it, MLP output}.
-  AddNorm forward(const Tensor& x, const Tensor& pending, const RopeTables& rope, Tensor* cached_k = nullptr,
-                  Tensor* cached_v = nullptr) const;
+  AddNorm forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, int64_t start,
+                  Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
@@ -74,9 +77,11 @@ class LlamaModel : public Module {
   std::shared_ptr<ModuleList> layers_list;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
   std::shared_ptr<RMSNorm> norm;
+  GPTCheckpointing checkpointing;  // blocks / blocks:K recompute layers in backward; never with a cache
 
  private:
   LlamaConfig config_;
+  RotaryEmbedding rotary_;
 };
 
 class Llama : public CausalLM {
@@ -95,6 +100,9 @@ class Llama : public CausalLM {
   void save_pretrained(const std::string& dir) const override { save_pretrained(dir, int64_t{5} << 30); }
   std::string config_json() const override { return config_.to_json(); }
   bool has_kv_cache() const override { return true; }
+  // "off", "blocks" (every layer but the last recomputed in backward) or "blocks:K" (every K-th).
+  void set_checkpointing(const std::string& mode) override;
+  std::string checkpointing() const override { return model->checkpointing.str(); }
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const override;
   const Tensor& lm_head_weight() const;  // [V, C]: lm_head's, or the embedding's when tied
 

@@ -30,34 +30,19 @@ std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta, cons
   return inv;
 }
 
-RopeTables rope_tables(int64_t seq_len, int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling,
-                       Device device, int64_t start) {
-  const auto inv = rope_inverse_frequencies(head_dim, theta, scaling);
-  const int64_t half = head_dim / 2;
-  std::vector<double> cos(static_cast<size_t>(seq_len * head_dim)), sin(cos.size());
-  for (int64_t t = 0; t < seq_len; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(start + t) * inv[static_cast<size_t>(i)];
-      for (const int64_t col : {i, i + half}) {
-        cos[static_cast<size_t>(t * head_dim + col)] = std::cos(static_cast<double>(angle));
-        sin[static_cast<size_t>(t * head_dim + col)] = std::sin(static_cast<double>(angle));
-      }
-    }
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling)
+    : host_(rope_inverse_frequencies(head_dim, theta, scaling)) {}
+
+const Tensor& RotaryEmbedding::inv_freq(Device device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Tensor& t = on_device_[{static_cast<int>(device.type), device.index}];
+  if (!t.defined()) {
+    const std::vector<double> values(host_.begin(), host_.end());
+    t = from_vector(values, {static_cast<int64_t>(values.size())}, TensorOptions().dtype(DType::f32).device(device));
   }
-  const auto options = TensorOptions().dtype(DType::f32).device(device);
-  return {from_vector(cos, {seq_len, head_dim}, options), from_vector(sin, {seq_len, head_dim}, options)};
+  return t;
 }
 
-Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
-  MT_CHECK_T(
-      ShapeError,
-      x.dim() == 4 && tables.cos.dim() == 2 && x.size(2) == tables.cos.size(0) && x.size(3) == tables.cos.size(1),
-      "apply_rope: x ", shape_str(x.shape()), " does not fit tables ", shape_str(tables.cos.shape()));
-  const int64_t d = x.size(3), half = d / 2;
-  const Tensor rotated = cat({neg(slice(x, 3, half, d)), slice(x, 3, 0, half)}, 3);
-  const Tensor cos = tables.cos.dtype() == x.dtype() ? tables.cos : cast(tables.cos, x.dtype());
-  const Tensor sin = tables.sin.dtype() == x.dtype() ? tables.sin : cast(tables.sin, x.dtype());
-  return add(mul(x, cos), mul(rotated, sin));
-}
+Tensor RotaryEmbedding::apply(const Tensor& x, int64_t start) const { return rope(x, inv_freq(x.device()), start); }
 
 }  // namespace mt::nn

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "autograd/autocast.h"
 #include "core/safetensors.h"
 #include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/llama.h"
@@ -120,6 +121,68 @@ TEST(Llama, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameGreedyTokens) {
   EXPECT_EQ(stopped.back(), expected[16]);
   EXPECT_LE(stopped.size(), 17u);
   EXPECT_EQ(streamed, std::vector<int64_t>(stopped.begin() + 15, stopped.end()));
+}
+
+// Layers recomputed in backward (blocks, blocks:2) give the loss and every gradient of the plain
+// run, bit for bit on the CPU and within bf16 autocast's rounding on CUDA (the recomputation's
+// GEMMs may take other cuBLASLt algorithms); 'selective' is refused naming the model type.
+void expect_checkpointing_changes_nothing(Device device, bool autocast, double tol) {
+  LlamaConfig c = tiny_config();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;  // head_dim 16: cuDNN's fused attention on CUDA
+  c.num_key_value_heads = 2;
+  c.num_hidden_layers = 4;
+  Generator init(3);
+  Llama model(c, &init);
+  model.to(device);
+  Generator data(4);
+  const Tensor ids = uniform({2, 12}, 0, 37, {}, &data).to(DType::i64).to(device);
+  std::vector<std::vector<double>> runs;
+  std::vector<double> losses;
+  for (const std::string mode : {"off", "blocks", "blocks:2"}) {
+    model.set_checkpointing(mode);
+    EXPECT_EQ(model.checkpointing(), mode);
+    for (Tensor p : model.parameters()) p.set_grad(Tensor());
+    Tensor loss;
+    {
+      AutocastGuard guard(device.type, DType::bf16, autocast);
+      loss = model.loss(ids.slice(1, 0, 11), ids.slice(1, 1, 12));
+    }
+    loss.backward();
+    losses.push_back(loss.item());
+    std::vector<double> grads;
+    for (const Tensor& p : model.parameters()) {
+      for (const double v : p.grad().to_vector<double>()) grads.push_back(v);
+    }
+    runs.push_back(grads);
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_NEAR(losses[r], losses[0], tol * std::abs(losses[0])) << "run " << r;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      diff += (runs[r][i] - runs[0][i]) * (runs[r][i] - runs[0][i]);
+      norm += runs[0][i] * runs[0][i];
+    }
+    EXPECT_LE(std::sqrt(diff / norm), tol) << "run " << r;
+  }
+  const std::string msg = [&] {
+    try {
+      model.set_checkpointing("selective");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  EXPECT_NE(msg.find("selective"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
+}
+
+TEST(Llama, CheckpointedLayersGiveTheSameLossAndGradients) {
+  expect_checkpointing_changes_nothing(kCPU, /*autocast=*/false, 0.0);
+}
+TEST(Llama, CudaCheckpointedLayersGiveTheSameLossAndGradientsUnderAutocast) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2);
 }
 
 TEST_F(LlamaFiles, ConfigErrorsNameTheFileAndTheField) {

@@ -29,6 +29,19 @@ MT_OP_CASE(OpCase("sdpa_causal", "sdpa_causal_more_keys")
                .inputs({{1, 1, 3, 2}, {1, 1, 5, 2}, {1, 1, 5, 2}})
                .compute([](const In& x) { return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/true); }));
 
+// Grouped-query attention: 3 query heads per key/value head, causal and not; one query row
+// against a longer cache (a generation step), which takes the composite on every device.
+MT_OP_CASE(OpCase("sdpa_gqa", "sdpa_gqa").inputs({{2, 6, 3, 8}, {2, 2, 4, 8}, {2, 2, 4, 8}}).compute([](const In& x) {
+  return scaled_dot_product_attention(x[0], x[1], x[2]);
+}));
+MT_OP_CASE(
+    OpCase("sdpa_gqa", "sdpa_gqa_causal").inputs({{1, 6, 5, 8}, {1, 2, 5, 8}, {1, 2, 5, 8}}).compute([](const In& x) {
+      return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/true);
+    }));
+MT_OP_CASE(OpCase("sdpa_gqa", "sdpa_gqa_one_query")
+               .inputs({{2, 4, 1, 8}, {2, 2, 7, 8}, {2, 2, 7, 8}})
+               .compute([](const In& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }));
+
 // out[b, h, i, :] = sum_j softmax_j(scale q_i . k_j, masked j > i when causal) v_j, all in f64.
 std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2), Dv = v.size(3);
@@ -61,6 +74,20 @@ std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tens
 void expect_near_all(const std::vector<double>& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+// Query head h reads key/value head h / (H / Hkv): the same as repeating each k and v head.
+TEST(Attention, GroupedQueryEqualsRepeatedKeysAndValues) {
+  Generator gen(12);
+  const Tensor q = randn({2, 6, 5, 8}, DType::f64, &gen), k = randn({2, 2, 5, 8}, DType::f64, &gen),
+               v = randn({2, 2, 5, 8}, DType::f64, &gen);
+  auto repeat = [](const Tensor& t) {
+    return t.reshape({2, 2, 1, 5, 8}).expand({2, 2, 3, 5, 8}).reshape({2, 6, 5, 8});
+  };
+  for (const bool causal : {false, true}) {
+    expect_near_all(scaled_dot_product_attention(q, k, v, causal).to_vector<double>(),
+                    naive_attention(q, repeat(k), repeat(v), causal, 1 / std::sqrt(8.0)), 1e-12);
+  }
 }
 
 TEST(Attention, MatchesNaiveLoop) {

@@ -56,6 +56,44 @@ TEST(AttentionCudnn, MatchesTheF64ReferenceForwardAndBackward) {
   }
 }
 
+// Grouped-query attention as Llama-family models run it: q with 9 heads, k and v with 3, each
+// the heads view of its own [B, T, H*D] projection, T = 100 and D = 40 (neither a power of two).
+// cuDNN reads each k/v head for its 3 query heads (nothing repeated) and sums dk, dv per group:
+// against the f64 reference on the CPU, output and gradients.
+TEST(AttentionCudnn, GroupedQueryHeadsMatchTheF64Reference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda");
+  const int64_t B = 2, T = 100, H = 9, Hkv = 3, D = 40;
+  for (const bool causal : {false, true}) {
+    Generator gen(31);
+    const Tensor xq = randn({B, T, H * D}, DType::f64, &gen), xk = randn({B, T, Hkv * D}, DType::f64, &gen),
+                 xv = randn({B, T, Hkv * D}, DType::f64, &gen), grad_out = randn({B, H, T, D}, DType::f64, &gen);
+    auto heads = [&](const Tensor& t, int64_t h) { return t.reshape({B, T, h, D}).transpose(1, 2); };
+    std::vector<Tensor> ref_leaves, dev_leaves;
+    for (const Tensor& t : {xq, xk, xv}) {
+      ref_leaves.push_back(t.detach().requires_grad_());
+      dev_leaves.push_back(t.to(DType::bf16).to(gpu).detach().requires_grad_());
+    }
+    const Tensor ref = scaled_dot_product_attention(heads(ref_leaves[0], H), heads(ref_leaves[1], Hkv),
+                                                    heads(ref_leaves[2], Hkv), causal);
+    sum(mul(ref, grad_out)).backward();
+    const Tensor q = heads(dev_leaves[0], H), k = heads(dev_leaves[1], Hkv), v = heads(dev_leaves[2], Hkv);
+    const std::string unsupported = ops::cudnn_sdpa_unsupported(q, k, v);
+    if (!unsupported.empty()) GTEST_SKIP() << "cuDNN fused attention unavailable: " << unsupported;
+    const Tensor out = scaled_dot_product_attention(q, k, v, causal);
+    sum(mul(out, grad_out.to(DType::bf16).to(gpu))).backward();
+    const double out_error = relative_l2(out.to(kCPU), ref);
+    EXPECT_LE(out_error, 2e-2) << "causal " << causal;
+    const char* names[] = {"dq", "dk", "dv"};
+    for (size_t i = 0; i < 3; ++i) {
+      const double error = relative_l2(dev_leaves[i].grad().to(kCPU), ref_leaves[i].grad());
+      EXPECT_LE(error, 2e-2) << names[i] << " causal " << causal;
+      std::printf("[ cudnn gqa ] causal=%d %s error %.2e (output %.2e; tolerance 2e-2)\n", causal, names[i], error,
+                  out_error);
+    }
+  }
+}
+
 // Contiguous [B, H, T, D] operands (PyTorch's convention): the output and the gradients keep that
 // layout (cuDNN's kernels run one layout throughout at full speed), and match the f64 reference.
 TEST(AttentionCudnn, ContiguousHeadsKeepTheirLayoutAndMatchTheF64Reference) {
