@@ -7,8 +7,9 @@
 #                 MT_RACECHECK_EXCLUDE); TOOLS is memcheck, racecheck or memcheck,racecheck (the default).
 #     --bench     also run tools/bench/run_all.sh
 #     --parity    also run the PyTorch parity scripts in tools/parity/
-#     --loss-curve  also train GPT-2 124M for 50 steps beside PyTorch from the same weights and
-#                 batches (tools/parity/gpt2_loss_curve.py, bf16) and compare the losses
+#     --loss-curve  also train GPT-2 124M and a Llama of SmolLM2-135M's shape for 50 steps each
+#                 beside PyTorch from the same weights and batches (tools/parity/loss_curve.py,
+#                 bf16) and compare the losses
 #     --demo      also run the main job, tools/demo.sh, on the GPU
 # That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
 # everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
@@ -112,12 +113,19 @@ if ((parity)); then
 fi
 
 loss_curve_rc=0
+# One curve beside PyTorch's: loss_curve_run NAME [loss_curve.py flags]; every fifth step and the
+# verdict on the screen, the whole table in $out/loss_curve_NAME.log.
+loss_curve_run() {
+  local name=$1 log="$out/loss_curve_$1.log" rc=0
+  shift
+  python3 tools/parity/loss_curve.py --bin "$build/tools/train_steps" --device cuda \
+    --workdir "$build/loss_curve/$name" "$@" >"$log" 2>&1 || rc=$?
+  grep -E '^(torch|loss_curve)|^ *[0-9]+ ' "$log" | awk 'NR <= 2 || /^loss_curve/ || $1 % 5 == 0' || tail -n 20 "$log"
+  ((rc == 0)) || { echo "loss curve $name: FAILED (exit $rc, log: $log)"; loss_curve_rc=$rc; }
+}
 if ((loss_curve)); then
-  python3 tools/parity/gpt2_loss_curve.py --bin "$build/tools/gpt_train_steps" --device cuda \
-    --workdir "$build/loss_curve" >"$out/loss_curve.log" 2>&1 || loss_curve_rc=$?
-  grep -E '^(torch|gpt2_loss_curve)|^ *[0-9]+ ' "$out/loss_curve.log" | awk 'NR <= 2 || /gpt2_loss_curve/ || $1 % 5 == 0' ||
-    tail -n 20 "$out/loss_curve.log"
-  ((loss_curve_rc == 0)) || echo "loss curve: FAILED (exit $loss_curve_rc, log: $out/loss_curve.log)"
+  loss_curve_run gpt2 --model gpt2 --shape gpt2-124m --batch 16 --seq 1024
+  loss_curve_run smollm2 --model llama --shape smollm2-135m --batch 8 --seq 512
 fi
 
 demo_rc=0

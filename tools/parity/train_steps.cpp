@@ -1,10 +1,11 @@
-// The mixtrain side of tools/parity/gpt2_loss_curve.py: trains a Hugging Face GPT-2
-// directory on given batches with AdamW and prints the loss of every step, so that a
-// PyTorch run from the same weights on the same batches can be compared step by step.
+// The mixtrain side of tools/parity/loss_curve.py: trains a Hugging Face causal LM directory
+// (any model_type mt::nn::load_causal_lm reads: gpt2, llama, mistral, qwen2) on given batches
+// with AdamW and prints the loss of every step, so that a PyTorch run from the same weights on
+// the same batches can be compared step by step.
 //
-//   gpt_train_steps --model hf_dir --batches batches.safetensors [--device cuda] [--amp bf16]
-//                   [--lr 6e-4 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1]
-//                   [--schedule warmup-cosine --warmup 10 --clip 1.0]
+//   train_steps --model hf_dir --batches batches.safetensors [--device cuda] [--amp bf16]
+//               [--lr 6e-4 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1]
+//               [--schedule warmup-cosine --warmup 10 --clip 1.0]
 //
 // batches.safetensors holds "ids" [steps, B, T + 1] (I64): step s trains on inputs
 // ids[s, :, :T] and targets ids[s, :, 1:]. Every parameter is decayed (no groups), so that
@@ -22,8 +23,7 @@
 #include "core/cuda_context.h"
 #include "core/safetensors.h"
 #include "examples/common/cli.h"
-#include "examples/gpt/trainer.h"
-#include "ops/nn/gpt.h"
+#include "ops/nn/causal_lm.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
@@ -52,13 +52,15 @@ mt::Tensor load_batches(const std::string& path, int64_t vocab_size, int64_t n_p
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train a Hugging Face GPT-2 checkpoint on given batches and print every step's loss"};
-  example::setup(app, "gpt_train_steps");
+  CLI::App app{"Train a Hugging Face causal LM checkpoint on given batches and print every step's loss"};
+  example::setup(app, "train_steps");
   std::string model_dir, batches_path, device_name = "cpu", amp = "off";
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 0;
   std::string schedule = "constant";
   int64_t warmup = 0;
-  app.add_option("--model", model_dir, "HF GPT-2 directory (dropout 0)")->required()->check(CLI::ExistingDirectory);
+  app.add_option("--model", model_dir, "HF model directory: gpt2, llama, mistral or qwen2 (dropout 0)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   app.add_option("--batches", batches_path, "safetensors file with \"ids\" [steps, B, T + 1] I64")
       ->required()
       ->check(CLI::ExistingFile);
@@ -86,25 +88,24 @@ int main(int argc, char** argv) {
       ->check(example::non_negative());
   CLI11_PARSE(app, argc, argv);
   if (schedule == "constant" && warmup > 0) {
-    std::fprintf(stderr, "gpt_train_steps: --warmup %lld needs --schedule warmup-cosine\n",
-                 static_cast<long long>(warmup));
+    std::fprintf(stderr, "train_steps: --warmup %lld needs --schedule warmup-cosine\n", static_cast<long long>(warmup));
     return 2;
   }
 
   try {
     const mt::Device device(device_name);
     if (device.is_cuda()) mt::cuda::set_current_device(device.index);
-    const auto model = mt::nn::GPT::from_pretrained(model_dir);
-    MT_CHECK(model->config().dropout == 0, model_dir, ": dropout is ", model->config().dropout,
-             "; a step-by-step comparison needs 0 (resid_pdrop, embd_pdrop, attn_pdrop)");
+    const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(model_dir);
+    MT_CHECK(model->dropout() == 0, model_dir, ": dropout is ", model->dropout(),
+             "; a step-by-step comparison needs 0 (GPT-2: resid_pdrop, embd_pdrop, attn_pdrop)");
     model->to(device);
     model->train();
-    const mt::Tensor batches = load_batches(batches_path, model->config().vocab_size, model->config().n_positions);
+    const mt::Tensor batches = load_batches(batches_path, model->vocab_size(), model->max_positions());
     const int64_t steps = batches.size(0), seq = batches.size(2) - 1;
     const std::vector<mt::Tensor> params = model->trainable_parameters();
     const bool autocast = amp != "off";
     const mt::DType low = amp == "fp16" ? mt::DType::f16 : mt::DType::bf16;
-    // As the GPT examples train: under autocast AdamW writes the weights' low-precision copies.
+    // As mt::Trainer trains: under autocast AdamW writes the weights' low-precision copies.
     mt::AdamWOptions adamw = mt::AdamWOptions(lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay);
     if (autocast) adamw.autocast_copies(low);
     mt::AdamW optimizer(params, adamw);
@@ -112,9 +113,10 @@ int main(int argc, char** argv) {
              batches_path);
     std::unique_ptr<mt::WarmupCosineLR> scheduler;
     if (schedule == "warmup-cosine") scheduler = std::make_unique<mt::WarmupCosineLR>(optimizer, warmup, steps);
-    std::printf("gpt_train_steps: %lld steps of B=%lld T=%lld on %s, amp %s, lr %g (%s, warm-up %lld), clip %g\n",
-                static_cast<long long>(steps), static_cast<long long>(batches.size(1)), static_cast<long long>(seq),
-                device.str().c_str(), amp.c_str(), lr, schedule.c_str(), static_cast<long long>(warmup), clip);
+    std::printf("train_steps: %s, %lld steps of B=%lld T=%lld on %s, amp %s, lr %g (%s, warm-up %lld), clip %g\n",
+                model->model_type().c_str(), static_cast<long long>(steps), static_cast<long long>(batches.size(1)),
+                static_cast<long long>(seq), device.str().c_str(), amp.c_str(), lr, schedule.c_str(),
+                static_cast<long long>(warmup), clip);
     for (int64_t step = 0; step < steps; ++step) {
       const mt::Tensor ids = batches.narrow(0, step, 1).squeeze(0).to(device);
       mt::Tensor loss;
@@ -131,7 +133,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_train_steps: %s\n", e.what());
+    std::fprintf(stderr, "train_steps: %s\n", e.what());
     return 2;
   }
   return 0;
