@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<mt::nn::CausalLM> loaded;
     if (!init_from.empty()) {
       loaded = mt::nn::load_causal_lm(init_from);
+      loaded->to(mt::DType::f32);  // every weight trains: f32 master weights, whatever the checkpoint's dtype
     } else if (config_path.empty() || mt::nn::model_type_of(config_path) == "gpt2") {
       if (!config_path.empty()) config = mt::nn::GPTConfig::from_json_file(config_path);
       loaded = std::make_shared<mt::nn::GPT>(config, &init);

@@ -19,6 +19,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
+#include "ops/nn/hf_checkpoint.h"
 
 namespace mt::nn {
 
@@ -192,14 +193,19 @@ GPTBody::GPTBody(const GPTConfig& config, Generator* generator) : dropout(config
   ln_f->output_in_autocast_dtype = true;  // feeds only the tied head's GEMM
 }
 
-Tensor GPTBody::forward(const Tensor& ids) const {
+Tensor GPTBody::forward(const Tensor& ids, KVCache* cache) const {
   const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, ids.dim() == 2, "GPT: expected ids [B, T], got ", shape_str(ids.shape()));
-  const int64_t T = ids.size(1);
-  MT_CHECK_T(ShapeError, T >= 1 && T <= wpe->weight.size(0), "GPT: sequence length ", T,
+  const int64_t past = cache != nullptr ? cache->length : 0, T = ids.size(1);
+  MT_CHECK_T(ShapeError, T >= 1 && past + T <= wpe->weight.size(0), "GPT: sequence length ", past + T,
              " is outside [1, n_positions = ", wpe->weight.size(0), "]");
-  const Tensor positions = arange(T, TensorOptions(DType::i64).device(ids.device()));  // [T]
-  Tensor x = add(wte->forward(ids), wpe->forward(positions));                          // [B, T, C]
+  if (cache != nullptr && cache->keys.empty()) {
+    cache->keys.resize(blocks.size());
+    cache->values.resize(blocks.size());
+  }
+  const Tensor positions = arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
+                                  TensorOptions(DType::i64).device(ids.device()));  // [T]
+  Tensor x = add(wte->forward(ids), wpe->forward(positions));                       // [B, T, C]
   x = mt::dropout(x, dropout, is_training());
   // Each block's last residual add is left to the norm after it (Block::forward_residual):
   // the residual stream is read and written once per norm, not also once per add.
@@ -208,20 +214,22 @@ Tensor GPTBody::forward(const Tensor& ids) const {
     // The last block is never recomputed: backward reaches it first, right after the
     // head, and would rebuild at once the activations that keeping them holds. Keeping
     // them raises the peak by at most the head's working memory (one chunk of logits),
-    // and saves one block's forward.
+    // and saves one block's forward. A cached (generation) forward records nothing to recompute.
     const bool last = i + 1 == blocks.size() && blocks.size() > 1;
-    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last &&
+    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last && cache == nullptr &&
                            static_cast<int64_t>(i) % checkpointing.every == 0;
     if (recompute) {
       if (pending.defined()) x = add(x, pending);
       pending = Tensor();
       x = blocks[i]->forward_checkpointed(x);
     } else {
-      const Block::Residual out = blocks[i]->forward_residual(x, pending);
+      const Block::Residual out = blocks[i]->forward_residual(x, pending, cache ? &cache->keys[i] : nullptr,
+                                                              cache ? &cache->values[i] : nullptr);
       x = out.stream;
       pending = out.delta;
     }
   }
+  if (cache != nullptr) cache->length = past + T;
   return pending.defined() ? ln_f->forward_add(x, pending).normed : ln_f->forward(x);
 }
 
@@ -263,6 +271,11 @@ Tensor GPT::forward(const Tensor& ids) const {
   return linear(transformer->forward(ids), transformer->wte->weight);  // tied LM head: [B, T, V]
 }
 
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
+  const auto scope = trace_scope();
+  return linear(transformer->forward(ids, &cache), transformer->wte->weight);
+}
+
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
   const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
@@ -289,16 +302,22 @@ std::shared_ptr<GPT> GPT::from_pretrained(const std::string& dir) {
               config.n_positions, ", n_embd ", config.n_embd, ", n_layer ", config.n_layer,
               ") does not fit in memory: ", e.what());
   }
-  model->load_hf_weights(dir + "/model.safetensors");
+  const HfCheckpoint checkpoint(dir);
+  model->to(checkpoint.dtype());
+  model->load_hf_weights(checkpoint.tensors(), checkpoint.description());
   return model;
 }
 
 void GPT::load_hf_weights(const std::string& path) {
-  const SafetensorsFile file = load_safetensors(path);
+  SafetensorsFile file = load_safetensors(path);
+  load_hf_weights(std::move(file.tensors), path);
+}
+
+void GPT::load_hf_weights(std::map<std::string, Tensor> tensors, const std::string& path) {
   std::map<std::string, Tensor> state;  // our names, HF's layout for now
-  for (const auto& [hf_name, t] : file.tensors) {
+  for (auto& [hf_name, t] : tensors) {
     const std::string name = with_body_prefix(hf_name);
-    if (!is_mask_buffer(name)) state[name] = t;
+    if (!is_mask_buffer(name)) state[name] = std::move(t);
   }
   // GPT-2 checkpoints store the projections as Conv1D [in, out]; a converter may have written
   // Linear's [out, in]. The first qkv weight ([C, 3C] or [3C, C]) tells which; square weights cannot.

@@ -60,9 +60,11 @@ struct GPTCheckpointing {
 class GPTBody : public Module {
  public:
   GPTBody(const GPTConfig& config, Generator* generator);
-  Tensor forward(const Tensor& ids) const;  // [B, T] -> hidden [B, T, C] after ln_f (autocast dtype under autocast)
-  std::shared_ptr<Embedding> wte;           // [V, C]
-  std::shared_ptr<Embedding> wpe;           // [n_positions, C]
+  // [B, T] -> hidden [B, T, C] after ln_f (autocast dtype under autocast). With a cache, ids follow
+  // its cache->length tokens (positions from there) and their keys and values join it.
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr) const;
+  std::shared_ptr<Embedding> wte;  // [V, C]
+  std::shared_ptr<Embedding> wpe;  // [n_positions, C]
   std::shared_ptr<ModuleList> h;
   std::vector<std::shared_ptr<Block>> blocks;  // h's children, typed
   std::shared_ptr<LayerNorm> ln_f;
@@ -88,6 +90,8 @@ class GPT : public CausalLM {
   int64_t hidden_size() const override { return config_.n_embd; }
   double dropout() const override { return config_.dropout; }
   void set_checkpointing(const std::string& mode) override { set_checkpointing(GPTCheckpointing::parse(mode)); }
+  bool has_kv_cache() const override { return true; }
+  Tensor forward_cached(const Tensor& ids, KVCache& cache) const override;
   std::string checkpointing() const override { return transformer->checkpointing.str(); }
   bool adapters_fan_in_fan_out() const override { return true; }  // HF's Conv1D
   std::string config_json() const override { return config_.to_json(); }
@@ -100,10 +104,13 @@ class GPT : public CausalLM {
   // default). Fewer, larger chunks run the head's GEMMs at a better rate for more memory.
   int64_t head_chunk_rows = 0;
 
-  // A Hugging Face GPT-2 directory: config.json and model.safetensors.
+  // A Hugging Face GPT-2 directory: config.json and model.safetensors or its shards (HfCheckpoint,
+  // the loader every model type shares). The weights keep the checkpoint's dtype.
   static std::shared_ptr<GPT> from_pretrained(const std::string& dir);
-  // Loads HF-named, HF-laid-out weights into this model (strict: every weight present, nothing unknown).
-  void load_hf_weights(const std::string& safetensors_path);
+  // Loads HF-named, HF-laid-out weights into this model (strict: every weight present, nothing
+  // unknown); `source` names the file or index in errors.
+  void load_hf_weights(std::map<std::string, Tensor> tensors, const std::string& source);
+  void load_hf_weights(const std::string& safetensors_path);  // one file
   // Writes config.json and model.safetensors (atomically) in HF's layout.
   void save_pretrained(const std::string& dir) const override;
 

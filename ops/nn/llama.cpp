@@ -100,7 +100,7 @@ AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g)
-    : config_(c), rotary_(c.dim_per_head(), c.rope_theta, c.rope_scaling) {
+    : config_(c), rotary_(std::make_shared<const RotaryEmbedding>(c.dim_per_head(), c.rope_theta, c.rope_scaling)) {
   register_module("embed_tokens", embed_tokens, std::make_shared<Embedding>(c.vocab_size, c.hidden_size, g));
   register_module("layers", layers_list, std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -125,23 +125,23 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
   }
   AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
   for (size_t i = 0; i < layers.size(); ++i) {
-    const LlamaDecoderLayer& layer = *layers[i];
     // The last layer is never recomputed: backward reaches it first and would rebuild at once
     // what keeping it holds (as GPT's blocks).
     const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && cache == nullptr &&
                            i + 1 < layers.size() && static_cast<int64_t>(i) % checkpointing.every == 0;
     if (recompute) {
       const Tensor x = stream.normed.defined() ? add(stream.sum, stream.normed) : stream.sum;
+      // The segment holds the layer and the rotary table themselves, never this model.
       const std::vector<Tensor> out = mt::checkpoint(
-          [&layer, this, past](const std::vector<Tensor>& in) {
-            const AddNorm o = layer.forward(in[0], Tensor(), rotary_, past);
+          [layer = layers[i], rotary = rotary_, past](const std::vector<Tensor>& in) {
+            const AddNorm o = layer->forward(in[0], Tensor(), *rotary, past);
             return std::vector<Tensor>{o.sum, o.normed};
           },
           {x});
       stream = {out[0], out[1]};
     } else {
-      stream = layer.forward(stream.sum, stream.normed, rotary_, past, cache ? &cache->keys[i] : nullptr,
-                             cache ? &cache->values[i] : nullptr);
+      stream = layers[i]->forward(stream.sum, stream.normed, *rotary_, past, cache ? &cache->keys[i] : nullptr,
+                                  cache ? &cache->values[i] : nullptr);
     }
   }
   if (cache != nullptr) cache->length = t;

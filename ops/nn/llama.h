@@ -81,7 +81,7 @@ class LlamaModel : public Module {
 
  private:
   LlamaConfig config_;
-  RotaryEmbedding rotary_;
+  std::shared_ptr<const RotaryEmbedding> rotary_;
 };
 
 class Llama : public CausalLM {

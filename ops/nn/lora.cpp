@@ -274,7 +274,10 @@ LoRALinear::LoRALinear(const Linear& base, const LoRAOptions& options, std::stri
   weight.requires_grad_(false);  // a fresh handle on the base's storage: no gradient buffer either
   if (bias.defined()) bias.requires_grad_(false);
   const int64_t out = weight.size(0), in = weight.size(1);
-  const TensorOptions like = TensorOptions().dtype(weight.dtype()).device(weight.device());
+  // The factors are f32 over a half-precision base (as PEFT's autocast_adapter_dtype makes them):
+  // they are what AdamW updates, and a bf16 parameter loses any step below half its ulp.
+  const DType adapter_dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const TensorOptions like = TensorOptions().dtype(adapter_dtype).device(weight.device());
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
   lora_A = register_module(
       "lora_A", std::make_shared<Linear>(uniform({options_.r, in}, -bound, bound, like, generator), Tensor()));

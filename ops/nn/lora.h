@@ -40,8 +40,8 @@ namespace mt::nn {
 
 class LoRALinear : public Linear {
  public:
-  // Takes over base's weight and bias (shared storage, frozen). A and B are made in
-  // the weight's dtype and on its device; A is drawn from `generator` (default: the
+  // Takes over base's weight and bias (shared storage, frozen). A and B are made in f32
+  // (f64 over an f64 weight), whatever the base's dtype, on its device; A is drawn from `generator` (default: the
   // CPU generator or the device's). `path` names the layer in error messages.
   LoRALinear(const Linear& base, const LoRAOptions& options, std::string path, Generator* generator = nullptr);
 

@@ -50,17 +50,29 @@ CausalSelfAttention::CausalSelfAttention(const TransformerShape& shape, Generato
   register_module("c_proj", c_proj, std::make_shared<Linear>(LinearOptions(shape.n_embd, shape.n_embd), generator));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cached_k, Tensor* cached_v) const {
   const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, x.dim() == 3, "CausalSelfAttention: expected x [B, T, C], got ", shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
   const std::vector<Tensor> qkv = split(c_attn->forward(x), C, /*dim=*/2);                       // 3 x [B, T, C]
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, D}), 1, 2); };  // [B, H, T, D]
   const double p = is_training() ? dropout : 0.0;
-  auto attend = [p](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{scaled_dot_product_attention(in[0], in[1], in[2], /*causal=*/true, p)};
+  std::vector<Tensor> q_k_v = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
+  bool causal = true;
+  if (cached_k != nullptr) {
+    if (cached_k->defined()) {
+      // A query block after cached keys would need a bottom-right causal mask; one query sees them all.
+      MT_CHECK(T == 1, "CausalSelfAttention: after the prompt a KV cache takes one token at a time, got ", T);
+      q_k_v[1] = cat({*cached_k, q_k_v[1]}, 2);
+      q_k_v[2] = cat({*cached_v, q_k_v[2]}, 2);
+      causal = false;
+    }
+    *cached_k = q_k_v[1];
+    *cached_v = q_k_v[2];
+  }
+  auto attend = [p, causal](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{scaled_dot_product_attention(in[0], in[1], in[2], causal, p)};
   };
-  const std::vector<Tensor> q_k_v = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
   const Tensor y = recompute_attention ? checkpoint(attend, q_k_v)[0] : attend(q_k_v)[0];  // [B, H, T, D]
   const Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});
   return mt::dropout(c_proj->forward(merged), dropout, is_training());
@@ -82,14 +94,16 @@ Tensor Block::forward(const Tensor& x) const {
   return add(out.stream, out.delta);
 }
 
-Block::Residual Block::forward_residual(const Tensor& x, const Tensor& pending) const {
+Block::Residual Block::forward_residual(const Tensor& x, const Tensor& pending, Tensor* cached_k,
+                                        Tensor* cached_v) const {
   const auto scope = trace_scope();
-  return residual_in_scope(x, pending);
+  return residual_in_scope(x, pending, cached_k, cached_v);
 }
 
-Block::Residual Block::residual_in_scope(const Tensor& x, const Tensor& pending) const {
+Block::Residual Block::residual_in_scope(const Tensor& x, const Tensor& pending, Tensor* cached_k,
+                                         Tensor* cached_v) const {
   const AddNorm in = pending.defined() ? ln_1->forward_add(x, pending) : AddNorm{x, ln_1->forward(x)};
-  const AddNorm mid = ln_2->forward_add(in.sum, attn->forward(in.normed));  // h = x + attn, ln_2(h)
+  const AddNorm mid = ln_2->forward_add(in.sum, attn->forward(in.normed, cached_k, cached_v));  // h = x + attn
   return {mid.sum, mlp->forward(mid.normed)};
 }
 

@@ -52,9 +52,12 @@ class MLP : public Module {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const TransformerShape& shape, Generator* generator);
-  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
-  std::shared_ptr<Linear> c_attn;         // [3C, C]: q, k, v stacked in that order
-  std::shared_ptr<Linear> c_proj;         // [C, C]
+  // [B, T, C] -> [B, T, C]. With a cache (keys/values [B, H, past, D] of the positions before
+  // x's, undefined before the first step), x's keys and values are appended to it and x attends
+  // to all of them; after the prompt a cache takes one token at a time.
+  Tensor forward(const Tensor& x, Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
+  std::shared_ptr<Linear> c_attn;  // [3C, C]: q, k, v stacked in that order
+  std::shared_ptr<Linear> c_proj;  // [C, C]
   int64_t n_head;
   double dropout;
   // Selective recomputation: keep q, k, v and the output, recompute the attention core
@@ -74,7 +77,8 @@ class Block : public Module {
     Tensor stream;  // the residual stream after attention, [B, T, C]
     Tensor delta;   // the MLP's output, [B, T, C]
   };
-  Residual forward_residual(const Tensor& x, const Tensor& pending) const;
+  Residual forward_residual(const Tensor& x, const Tensor& pending, Tensor* cached_k = nullptr,
+                            Tensor* cached_v = nullptr) const;
   // forward() with activation checkpointing (autograd/checkpoint.h): only x is kept
   // and the block is re-run in backward. When nothing in the MLP's output projection
   // trains (a frozen base without an adapter there), that projection, its dropout and
@@ -87,7 +91,8 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 
  private:
-  Residual residual_in_scope(const Tensor& x, const Tensor& pending) const;
+  Residual residual_in_scope(const Tensor& x, const Tensor& pending, Tensor* cached_k = nullptr,
+                             Tensor* cached_v = nullptr) const;
 };
 
 }  // namespace mt::nn

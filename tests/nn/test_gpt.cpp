@@ -212,6 +212,40 @@ TEST(GPT, SamplingIsSeededAndTopOneIsGreedy) {
   EXPECT_NE(msg.find("prompt token 99 at position 1 is outside the vocabulary [0, 37)"), std::string::npos) << msg;
 }
 
+// A KV cache: the prompt once, then one token a step, gives the logits of the whole sequence
+// at each new position, and generate() with it draws the tokens it draws without it.
+TEST(GPT, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameTokens) {
+  Generator init(3);
+  GPT model(tiny_config(), &init);
+  model.eval();
+  NoGradGuard no_grad;
+  auto ids = [](std::vector<double> v) {
+    const auto n = static_cast<int64_t>(v.size());
+    return from_vector(v, {1, n}, TensorOptions().dtype(DType::i64));
+  };
+  const std::vector<double> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  KVCache cache;
+  model.forward_cached(ids({3, 1, 4, 1}), cache);
+  for (size_t n = 5; n <= tokens.size(); ++n) {
+    const auto step = model.forward_cached(ids({tokens[n - 1]}), cache).to_vector<double>();
+    const auto whole = model.forward(ids(std::vector<double>(tokens.begin(), tokens.begin() + n)));
+    const auto last = whole.slice(1, n - 1, n).to_vector<double>();
+    for (size_t v = 0; v < last.size(); ++v) EXPECT_NEAR(step[v], last[v], 1e-5) << "length " << n << ", id " << v;
+  }
+  EXPECT_EQ(cache.length, 10);
+  EXPECT_NE(error_message_of([&] {
+              model.forward_cached(ids({1, 2}), cache);
+            }).find("one token at a time"),
+            std::string::npos);
+  GenerateOptions cached{10, /*temperature=*/0.0, 0}, uncached = cached;  // 14 tokens: within n_positions 16
+  uncached.use_cache = false;
+  EXPECT_EQ(generate(model, {2, 7, 1, 8}, cached), generate(model, {2, 7, 1, 8}, uncached));
+  Generator a(5), b(5);
+  GenerateOptions sampled{20, 1.0, 5}, sampled_uncached = sampled;  // past n_positions: the window takes over
+  sampled_uncached.use_cache = false;
+  EXPECT_EQ(generate(model, {2, 7}, sampled, &a), generate(model, {2, 7}, sampled_uncached, &b));
+}
+
 // LoRA on the GPT's projections, then PEFT's merge_and_unload: a plain GPT again, with the
 // base parameter names, that saves and loads like any GPT and computes what the adapted one did.
 TEST(GPT, LoraMergeAndUnloadGivesAPlainModelWithTheAdaptersEffect) {

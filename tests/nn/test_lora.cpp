@@ -81,8 +81,8 @@ TEST(LoraLayer, TakesOverTheBaseTensorsFrozenWithPeftInit) {
   EXPECT_EQ(layer.lora_A->weight.shape(), (Shape{4, 64}));
   EXPECT_EQ(layer.lora_B->weight.shape(), (Shape{5, 4}));
   EXPECT_FALSE(layer.lora_A->bias.defined() || layer.lora_B->bias.defined());
-  EXPECT_EQ(layer.lora_A->weight.dtype(), DType::bf16);
-  EXPECT_EQ(layer.lora_B->weight.dtype(), DType::bf16);
+  EXPECT_EQ(layer.lora_A->weight.dtype(), DType::f32);  // trained in f32 over the bf16 base
+  EXPECT_EQ(layer.lora_B->weight.dtype(), DType::f32);
   EXPECT_EQ(layer.scale(), 2.0);
   EXPECT_FALSE(layer.merged());
   const std::vector<double> a = values(layer.lora_A->weight);
