@@ -16,8 +16,6 @@
 // recomputations (docs/profiling.md). MT_TRACE=FILE.json writes the same ranges as a host trace.
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -147,19 +145,14 @@ int main(int argc, char** argv) {
     const mt::Tensor x = ids.slice(1, 0, seq), y = ids.slice(1, 1, seq + 1);
     const bool autocast = placement.amp.has_value();
     const mt::DType low = placement.amp.value_or(mt::DType::bf16);
-    auto sync = [&] {
-      if (device.is_cuda()) mt::cuda::synchronize_device(device.index);
-    };
-
-    std::printf("%-10s %20s %16s %12s %10s\n", "mode", "peak GiB", "step ms", "tokens/s", "loss");
-    double base_ms = 0, base_gib = 0;
+    bench::StepTable table(device);
+    table.print_header();
     for (const std::string& mode : gpt_example::split_commas(modes)) {
       model.set_checkpointing(mt::nn::GPTCheckpointing::parse(mode));
       mt::AdamWOptions adamw(1e-4);
       if (autocast && !cast_weights) adamw.autocast_copies(low);
       mt::AdamW opt(model.trainable_parameters(), adamw);
-      std::vector<double> times, exposed;
-      double loss_value = 0;
+      std::vector<double> exposed;
       const mt::Tensor loss_out = mt::zeros({1}, mt::TensorOptions().device(device));
       auto train_step = [&] {
         const mt::nvtx::Range step_range("step");
@@ -190,28 +183,15 @@ int main(int argc, char** argv) {
         loss_out.copy_(loss.detach().to(mt::DType::f32).reshape({1}));
       };
       mt::CudaGraphStep graph_step(device, train_step, {&opt}, /*warmup=*/2, /*enabled=*/cuda_graph);
-      for (int64_t step = 0; step < warmup + steps; ++step) {
-        if (step == warmup && device.is_cuda()) mt::cuda::reset_peak_memory(device.index);
-        sync();
-        const auto start = std::chrono::steady_clock::now();
+      const std::vector<double> times = bench::time_steps(device, warmup, steps, [&](int64_t step) {
         graph_step.run();
-        sync();
-        if (step >= warmup) {
-          times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-          if (ddp) exposed.push_back(ddp->last_exposed_comm_ms());
-        }
-        if (step == warmup + steps - 1) loss_value = loss_out.item();
-      }
+        if (ddp && step >= warmup) exposed.push_back(ddp->last_exposed_comm_ms());
+      });
+      const double loss_value = loss_out.item();
       const double ms = 1e3 * median(times);
-      const double gib =
-          device.is_cuda() ? static_cast<double>(mt::cuda::memory_stats(device.index).peak_allocated) / (1 << 30) : 0;
-      if (mode == gpt_example::split_commas(modes).front()) base_ms = ms, base_gib = gib;
-      char memory[48] = "n/a (cpu)";
-      if (device.is_cuda()) std::snprintf(memory, sizeof(memory), "%.2f (%.2fx less)", gib, base_gib / gib);
       // A replayed graph allocates through its own memory nodes, which the allocator's counters never see.
-      if (cuda_graph) std::snprintf(memory, sizeof(memory), "n/a (CUDA Graph)");
-      std::printf("%-10s %20s %8.1f (%.2fx) %12.0f %10.4f\n", mode.c_str(), memory, ms, ms / base_ms,
-                  static_cast<double>(world * batch * seq) / (ms / 1e3), loss_value);
+      table.print_row(mode, ms, static_cast<double>(world * batch * seq), loss_value,
+                      cuda_graph ? "n/a (CUDA Graph)" : nullptr);
       if (ddp) {
         const double comm = median(exposed);
         std::printf("%-10s exposed communication %.2f ms per step (%.1f%% of the step), tokens/s over %d ranks\n",

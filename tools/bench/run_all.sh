@@ -1,57 +1,157 @@
 #!/usr/bin/env bash
 # Every benchmark, ours and PyTorch's twin side by side, on the GPU machine. Called by
 # `tools/device_check.sh --bench` after the build; BUILD names the build folder.
-# MT_PROFILE_STEPS (default 3) steps per mode are then profiled op by op.
+#
+#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama]
+#
+# --only runs one section. MT_PROFILE_STEPS (default 3) steps per mode are then profiled op by op.
+# The Llama section's sizes come from these variables (defaults in brackets):
+#   SMOLLM_BATCH [8], SMOLLM_SEQ_LEN [2048]      SmolLM2-135M shape, full training
+#   LLAMA_BATCH [8], LLAMA_SEQ_LEN [2048]        Llama-3.2-1B shape, LoRA r=16
+#   GEN_PROMPT_LEN [128], GEN_NEW_TOKENS [256]   Llama-3.2-1B shape, generation
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${BUILD:-build-device}"
 profile="${MT_PROFILE_STEPS:-3}"
+sections="gpt mlp ops ddp llama"
+usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama]"
 
-echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing =="
-"$build/tools/gpt_step" --device cuda --checkpoint off,blocks,selective --lora-r 8 --lora-targets c_attn \
-  --profile "$profile"
-echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
-echo "-- full training with the f32 weights cast at every step (--cast-weights), not taken from AdamW's copies --"
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cast-weights
-echo "-- full training and LoRA, each step replayed from a CUDA Graph (then full with its weights cast) --"
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph --cast-weights
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
-echo "-- full training and LoRA with --gemm-autotune (each GEMM problem times cuBLASLt's best few algorithms) --"
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --gemm-autotune
-"$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --gemm-autotune
-echo "-- PyTorch + PEFT --"
-python3 tools/bench/gpt_step_torch.py
-echo "-- PyTorch, full training, eager and torch.compile --"
-python3 tools/bench/gpt_step_torch.py --full
-echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + AdamW (launch-bound) =="
-"$build/tools/mlp_step" --device cuda --profile "$profile"
-echo "-- the same step captured once in a CUDA Graph and replayed (mt::CudaGraphStep) --"
-"$build/tools/mlp_step" --device cuda --cuda-graph
-echo "-- the graph again, its weights cast at every step (--cast-weights), not taken from AdamW's copies --"
-"$build/tools/mlp_step" --device cuda --cuda-graph --cast-weights
-python3 tools/bench/mlp_step_torch.py
-echo "== Op micro-benchmarks, GPT-2 124M shapes, bf16: ours against the floors, then PyTorch's =="
-ops_dir="$(mktemp -d)"
-trap 'rm -rf "$ops_dir"' EXIT
-"$build/tools/op_bench" --device cuda | tee "$ops_dir/ours.txt"
-python3 tools/bench/op_bench_torch.py | tee "$ops_dir/torch.txt"
-echo "-- ours / PyTorch, median ms per op (ratio < 1: we are faster) --"
-awk '$1 == "op_bench:" && NF == 3 { ours[$2] = $3; order[++n] = $2 }
-     $1 == "op_bench_torch:" && NF == 3 { torch[$2] = $3 }
-     END {
-       printf "%-14s %10s %10s %8s\n", "op", "ours", "torch", "ratio"
-       for (i = 1; i <= n; ++i) {
-         op = order[i]
-         if (op in torch) printf "%-14s %10.3f %10.3f %8.2f\n", op, ours[op], torch[op], ours[op] / torch[op]
-       }
-     }' "$ops_dir/ours.txt" "$ops_dir/torch.txt"
-if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') >= 2)); then
-  echo "== GPT-2 124M shape, full training, data parallel over 2 GPUs (B=16 per GPU) =="
-  mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0
-  echo "-- the same with the optimizer's update after every all-reduce (synchronize, then step) --"
-  mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --ddp-update after
+only=""
+while (($# > 0)); do
+  case "$1" in
+    --only)
+      (($# >= 2)) || { echo "run_all.sh: --only needs a section; $usage" >&2; exit 2; }
+      only="$2"
+      shift 2
+      ;;
+    --only=*)
+      only="${1#--only=}"
+      shift
+      ;;
+    -h | --help)
+      echo "$usage"
+      exit 0
+      ;;
+    *)
+      echo "run_all.sh: unknown argument '$1'; $usage" >&2
+      exit 2
+      ;;
+  esac
+done
+if [[ -n "$only" && " $sections " != *" $only "* ]]; then
+  echo "run_all.sh: --only: expected one of ${sections// /, }, got '$only'" >&2
+  exit 2
 fi
+wanted() { [[ -z "$only" || "$only" == "$1" ]]; }
+
+gpt_section() {
+  echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing =="
+  "$build/tools/gpt_step" --device cuda --checkpoint off,blocks,selective --lora-r 8 --lora-targets c_attn \
+    --profile "$profile"
+  echo "== GPT-2 124M shape, B=16, T=1024, bf16, full training =="
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --profile "$profile"
+  echo "-- full training with the f32 weights cast at every step (--cast-weights), not taken from AdamW's copies --"
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cast-weights
+  echo "-- full training and LoRA, each step replayed from a CUDA Graph (then full with its weights cast) --"
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --cuda-graph --cast-weights
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --cuda-graph
+  echo "-- full training and LoRA with --gemm-autotune (each GEMM problem times cuBLASLt's best few algorithms) --"
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --gemm-autotune
+  "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 8 --lora-targets c_attn --gemm-autotune
+  echo "-- PyTorch + PEFT --"
+  python3 tools/bench/gpt_step_torch.py
+  echo "-- PyTorch, full training, eager and torch.compile --"
+  python3 tools/bench/gpt_step_torch.py --full
+}
+
+mlp_section() {
+  echo "== 4 x Linear(1024) + GELU MLP, batch 64, fp16 autocast + GradScaler + AdamW (launch-bound) =="
+  "$build/tools/mlp_step" --device cuda --profile "$profile"
+  echo "-- the same step captured once in a CUDA Graph and replayed (mt::CudaGraphStep) --"
+  "$build/tools/mlp_step" --device cuda --cuda-graph
+  echo "-- the graph again, its weights cast at every step (--cast-weights), not taken from AdamW's copies --"
+  "$build/tools/mlp_step" --device cuda --cuda-graph --cast-weights
+  python3 tools/bench/mlp_step_torch.py
+}
+
+ops_section() {
+  echo "== Op micro-benchmarks, GPT-2 124M shapes, bf16: ours against the floors, then PyTorch's =="
+  ops_dir="$(mktemp -d)"
+  trap 'rm -rf "$ops_dir"' EXIT
+  "$build/tools/op_bench" --device cuda | tee "$ops_dir/ours.txt"
+  python3 tools/bench/op_bench_torch.py | tee "$ops_dir/torch.txt"
+  echo "-- ours / PyTorch, median ms per op (ratio < 1: we are faster) --"
+  awk '$1 == "op_bench:" && NF == 3 { ours[$2] = $3; order[++n] = $2 }
+       $1 == "op_bench_torch:" && NF == 3 { torch[$2] = $3 }
+       END {
+         printf "%-14s %10s %10s %8s\n", "op", "ours", "torch", "ratio"
+         for (i = 1; i <= n; ++i) {
+           op = order[i]
+           if (op in torch) printf "%-14s %10.3f %10.3f %8.2f\n", op, ours[op], torch[op], ours[op] / torch[op]
+         }
+       }' "$ops_dir/ours.txt" "$ops_dir/torch.txt"
+}
+
+ddp_section() {
+  if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') >= 2)); then
+    echo "== GPT-2 124M shape, full training, data parallel over 2 GPUs (B=16 per GPU) =="
+    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0
+    echo "-- the same with the optimizer's update after every all-reduce (synchronize, then step) --"
+    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      -x NVSHMEM_DISABLE_NVLS=1 "$build/tools/gpt_step" --device cuda --checkpoint off --lora-r 0 --ddp-update after
+  fi
+}
+
+llama_section() {
+  # A Llama command that fails is reported and the section goes on with the next one (each pair of
+  # numbers is worth having without the others); the section then fails, last, so the script does.
+  local failed=0
+  llama_run() {
+    "$@" || {
+      local rc=$?
+      echo "run_all.sh: FAILED (exit $rc): $*"
+      failed=1
+    }
+  }
+  # SmolLM2-135M full training at B x T = 8 x 2048 (16k tokens a step) fits an 80 GB card by a
+  # wide margin, so it needs no fallback to 16 x 1024: the weights, gradients and AdamW's two
+  # moments in f32 are 16 bytes a parameter, 2.2 GB for 135M; what backward keeps is of order
+  # 30 KB a token a layer (the residual stream and RMSNorm's f32 intermediates, q/k/v and the
+  # attention output, gate, up and their product; SDPA keeps no T x T scores), so 30 layers x 16k
+  # tokens x 30 KB ~ 15 GB; PyTorch's LM head adds the [16k, 49152] logits in bf16 (1.6 GB), their
+  # f32 copy, log-softmax and its gradient (3.2 GB each) ~ 11 GB: under 30 GB in all.
+  local sb="${SMOLLM_BATCH:-8}" st="${SMOLLM_SEQ_LEN:-2048}"
+  # Llama-3.2-1B LoRA at 8 x 2048 is the tight one, for PyTorch: ~130 KB a token a layer kept for
+  # backward (bf16 activations, RMSNorm's f32 ones, an 8192-wide MLP) x 16 layers x 16k tokens
+  # ~ 34 GB, and the [16k, 128256] logits in bf16 (4.2 GB), f32, log-softmax and gradient (8.4 GB
+  # each) ~ 30 GB, beside the 2.5 GB bf16 base: near 70 GB. Ours holds the frozen base in f32 (5 GB)
+  # beside its bf16 copies (2.5 GB), and its fused LM head never forms the whole logits. A mode
+  # that runs out of memory prints so and the next one runs; then rerun with LLAMA_BATCH=4.
+  local lb="${LLAMA_BATCH:-8}" lt="${LLAMA_SEQ_LEN:-2048}"
+  local prompt="${GEN_PROMPT_LEN:-128}" new="${GEN_NEW_TOKENS:-256}"
+
+  echo "== SmolLM2-135M shape, B=$sb, T=$st, bf16 autocast, full training, checkpointing off and blocks =="
+  llama_run "$build/tools/llama_step" --device cuda --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
+    --checkpoint off,blocks --profile "$profile"
+  echo "-- PyTorch, full training (f32 weights, fused AdamW): eager, torch.compile, eager with checkpointing --"
+  llama_run python3 tools/bench/llama_step_torch.py --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
+    --modes eager,compile,blocks
+  echo "== Llama-3.2-1B shape, B=$lb, T=$lt, bf16 autocast, LoRA r=16 alpha=32 on the seven projections =="
+  llama_run "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
+    --checkpoint off,blocks --profile "$profile"
+  echo "-- PyTorch + PEFT (frozen base bf16, adapters f32): eager, torch.compile, eager with checkpointing --"
+  llama_run python3 tools/bench/llama_step_torch.py --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
+    --modes eager,compile,blocks
+  echo "== Llama-3.2-1B shape, bf16 weights, batch 1, prompt $prompt, $new new tokens: greedy generation, KV cache =="
+  llama_run "$build/tools/generate_bench" --device cuda --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+  echo "-- PyTorch: transformers' model.generate --"
+  llama_run python3 tools/bench/generate_torch.py --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+  return "$failed"
+}
+
+# Under set -e, as before the sections: a failing command ends the script with its status.
+for section in $sections; do
+  if wanted "$section"; then "${section}_section"; fi
+done

@@ -1,0 +1,137 @@
+// One Llama training step, timed and measured, per gradient-checkpointing mode: peak memory (the
+// allocator's high-water mark) and the median step time. PyTorch's twin is llama_step_torch.py.
+//
+//   llama_step --shape smollm2-135m --lora-r 0 --batch 8 --seq-len 2048
+//   llama_step --shape llama-3.2-1b --lora-r 16 --checkpoint off,blocks
+//   llama_step --config path/config.json --device cpu --batch 2 --seq-len 16
+//
+// The model has a released model's shape (bench::llama_shape: smollm2-135m, llama-3.2-1b) or a
+// config.json's, with random weights (N(0, 0.02)) in f32 and bf16 autocast on a GPU; AdamW writes
+// the bf16 copies of the weights it updates (autocast_copies), as gpt_step does. --lora-r R > 0
+// trains LoRA adapters of rank R, alpha 2R, on all seven projections (q, k, v, o, gate, up, down)
+// and freezes the rest; autocast then casts the frozen f32 base once and keeps its bf16 copies
+// (Note [Autocast cast cache]). The data are random token ids. A checkpointing mode the model
+// lacks, or one that runs out of memory, is reported in its row and the next mode runs.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autograd/profiler.h"
+#include "core/cuda_context.h"
+#include "examples/common/cli.h"
+#include "examples/gpt/trainer.h"
+#include "ops/nn/llama.h"
+#include "ops/nn/lora.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "tools/bench/bench_common.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time a Llama training step and measure its peak memory per checkpointing mode"};
+  example::setup(app, "llama_step");
+  example::PlacementFlags placement_flags;
+  placement_flags.add_to(app);
+  std::string shape = "smollm2-135m", config_path, modes = "off,blocks";
+  int64_t batch = 8, seq = 2048, warmup = 3, steps = 10, lora_r = 0, profile_steps = 0;
+  app.add_option("--shape", shape, "a released model's shape")
+      ->capture_default_str()
+      ->check(example::one_of({"smollm2-135m", "llama-3.2-1b"}));
+  app.add_option("--config", config_path, "a Hugging Face config.json to take the shape from instead of --shape")
+      ->check(CLI::ExistingFile);
+  app.add_option("--batch", batch, "sequences per step")->capture_default_str()->check(example::positive());
+  app.add_option("--seq-len", seq, "tokens per sequence")->capture_default_str()->check(example::positive());
+  app.add_option("--lora-r", lora_r, "LoRA rank on the seven projections, alpha 2r (0: train every parameter)")
+      ->capture_default_str()
+      ->check(example::non_negative());
+  app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure (off, blocks, ...)")
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str()->check(example::non_negative());
+  app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(example::positive());
+  app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
+      ->capture_default_str()
+      ->check(example::non_negative());
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const example::Placement placement = placement_flags.resolve();
+    MT_CHECK(placement.world_size() == 1, "llama_step runs in one process, not under mpirun");
+    const mt::Device device = placement.device;
+    const mt::nn::LlamaConfig config = bench::llama_config(shape, config_path);
+    MT_CHECK(seq <= config.max_position_embeddings, "--seq-len ", seq, " is longer than the model's ",
+             config.max_position_embeddings, " positions (max_position_embeddings)");
+    mt::Generator init(0);
+    mt::nn::Llama model(config, &init);
+    model.to(device);
+    std::string training = "full training";
+    if (lora_r > 0) {
+      mt::nn::LoRAOptions lora;
+      lora.r = lora_r;
+      lora.alpha = 2.0 * static_cast<double>(lora_r);
+      lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      mt::nn::apply_lora(model, lora, &init);
+      training = example::format("LoRA r=%lld alpha=%lld on q,k,v,o,gate,up,down_proj (frozen base f32%s)",
+                                 static_cast<long long>(lora_r), static_cast<long long>(2 * lora_r),
+                                 placement.amp ? ", cast once to bf16 copies" : "");
+    }
+    mt::nn::name_modules_for_tracing(model, "llama");  // after apply_lora: its layers take their paths too
+    const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
+    std::printf("llama_step: %s, B=%lld T=%lld, %s, amp %s, %s; %s\n",
+                bench::llama_description(shape, config_path, config).c_str(), static_cast<long long>(batch),
+                static_cast<long long>(seq), device.str().c_str(), amp.c_str(), training.c_str(),
+                mt::nn::trainable_parameters_summary(model).c_str());
+
+    mt::Generator data(1);
+    const mt::Tensor ids = mt::uniform({batch, seq + 1}, 0, static_cast<double>(config.vocab_size), {}, &data)
+                               .to(mt::DType::i64)
+                               .to(device);
+    const mt::Tensor x = ids.slice(1, 0, seq), y = ids.slice(1, 1, seq + 1);  // [B, T] each
+    const bool autocast = placement.amp.has_value();
+    const mt::DType low = placement.amp.value_or(mt::DType::bf16);
+
+    bench::StepTable table(device);
+    table.print_header();
+    for (const std::string& mode : gpt_example::split_commas(modes)) {
+      try {
+        model.set_checkpointing(mode);
+      } catch (const mt::Error& e) {
+        table.print_failure(mode, e.what());
+        continue;
+      }
+      try {
+        mt::AdamWOptions adamw(1e-4);
+        if (autocast) adamw.autocast_copies(low);
+        mt::AdamW opt(model.trainable_parameters(), adamw);
+        mt::Tensor last_loss;
+        auto train_step = [&] {
+          mt::Tensor loss;
+          {
+            mt::AutocastGuard guard(device.type, low, autocast);
+            loss = model.loss(x, y);
+          }
+          opt.zero_grad(/*set_to_none=*/true);
+          loss.backward();
+          opt.step();
+          return loss.detach();
+        };
+        const std::vector<double> times = bench::time_steps(device, warmup, steps, [&](int64_t step) {
+          const mt::Tensor loss = train_step();
+          if (step == warmup + steps - 1) last_loss = loss;
+        });
+        table.print_row(mode, 1e3 * bench::median(times), static_cast<double>(batch * seq),
+                        last_loss.to(mt::DType::f32).item());
+        if (profile_steps > 0) {
+          std::printf("%s", mt::profile_steps(device, profile_steps, [&] { train_step(); }).c_str());
+        }
+      } catch (const mt::OutOfMemoryError& e) {
+        table.print_failure(mode, std::string("out of memory: ") + e.what());
+        if (device.is_cuda()) mt::cuda::empty_cache(device.index);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama_step: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
