@@ -49,8 +49,7 @@ TEST(BadInputs, GptDirectoryWithoutWeightsNamesTheMissingFile) {
   const std::string dir = saved_gpt("no_weights");
   fs::remove(dir + "/model.safetensors");
   const std::string msg = error_message_of([&] { GPT::from_pretrained(dir); });
-  EXPECT_TRUE(contains(msg, dir + "/model.safetensors: ")) << msg;
-  EXPECT_TRUE(contains(msg, "No such file or directory")) << msg;
+  EXPECT_TRUE(contains(msg, dir + ": holds neither model.safetensors nor model.safetensors.index.json")) << msg;
 }
 
 TEST(BadInputs, GptConfigWithUntiedEmbeddingsIsRefused) {
