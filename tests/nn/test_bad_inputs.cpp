@@ -9,6 +9,7 @@
 
 #include "core/safetensors.h"
 #include "ops/nn/gpt.h"
+#include "ops/nn/llama.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
@@ -145,6 +146,32 @@ TEST(BadInputs, AdapterForAnotherBaseModelNamesTheWeightsFileAndBothShapes) {
                        "file but [2, 12] in the model"))
       << msg;
   EXPECT_TRUE(lora_layers(narrow).empty()) << "a refused adapter must leave the model as it was";
+}
+
+// An adapter made for GPT-2 (c_attn) loaded into a Llama: its config's targets name modules the
+// Llama lacks. The error names the adapter's files and the targets; the model is left untouched.
+TEST(BadInputs, AdapterForAnotherArchitectureNamesTheFileAndTheTargets) {
+  const std::string dir = fresh_dir("other_architecture_adapter");
+  LoRAOptions lora;
+  lora.r = 2;
+  lora.target_modules = {"c_attn"};
+  GPT gpt(tiny_config());
+  apply_lora(gpt, lora);
+  save_adapter(gpt, dir);
+
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 32;
+  Llama llama(c);
+  const std::string msg = error_message_of([&] { load_adapter(llama, dir); });
+  EXPECT_TRUE(contains(msg, dir)) << msg;
+  EXPECT_TRUE(contains(msg, "c_attn")) << msg;
+  EXPECT_TRUE(lora_layers(llama).empty()) << "a refused adapter must leave the model as it was";
 }
 
 // ---------------------------------------------------------------- training checkpoints
