@@ -10,8 +10,10 @@
 // the bf16 copies of the weights it updates (autocast_copies), as gpt_step does. --lora-r R > 0
 // trains LoRA adapters of rank R, alpha 2R, on all seven projections (q, k, v, o, gate, up, down)
 // and freezes the rest; autocast then casts the frozen f32 base once and keeps its bf16 copies
-// (Note [Autocast cast cache]). The data are random token ids. A checkpointing mode the model
-// lacks, or one that runs out of memory, is reported in its row and the next mode runs.
+// (Note [Autocast cast cache]), or with --base-dtype bf16 the base is held in bf16 (the adapters
+// stay f32), as llama_step_torch.py holds PEFT's. The data are random token ids. A checkpointing
+// mode the model lacks, or one that runs out of memory, is reported in its row and the next mode
+// runs.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
   example::setup(app, "llama_step");
   example::PlacementFlags placement_flags;
   placement_flags.add_to(app);
-  std::string shape = "smollm2-135m", config_path, modes = "off,blocks";
+  std::string shape = "smollm2-135m", config_path, modes = "off,blocks", base_dtype = "f32";
   int64_t batch = 8, seq = 2048, warmup = 3, steps = 10, lora_r = 0, profile_steps = 0;
   app.add_option("--shape", shape, "a released model's shape")
       ->capture_default_str()
@@ -45,6 +47,9 @@ int main(int argc, char** argv) {
   app.add_option("--lora-r", lora_r, "LoRA rank on the seven projections, alpha 2r (0: train every parameter)")
       ->capture_default_str()
       ->check(example::non_negative());
+  app.add_option("--base-dtype", base_dtype, "with --lora-r: the frozen base's dtype (the adapters are f32)")
+      ->capture_default_str()
+      ->check(example::one_of({"f32", "bf16"}));
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure (off, blocks, ...)")
       ->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str()->check(example::non_negative());
@@ -58,6 +63,10 @@ int main(int argc, char** argv) {
     const example::Placement placement = placement_flags.resolve();
     MT_CHECK(placement.world_size() == 1, "llama_step runs in one process, not under mpirun");
     const mt::Device device = placement.device;
+    MT_CHECK(lora_r > 0 || base_dtype == "f32", "--base-dtype ", base_dtype,
+             " is for LoRA (--lora-r > 0): full training keeps f32 weights");
+    MT_CHECK(base_dtype == "f32" || placement.amp.has_value(),
+             "--base-dtype bf16 runs under autocast (--amp bf16 or fp16), as llama_step_torch.py's LoRA does");
     const mt::nn::LlamaConfig config = bench::llama_config(shape, config_path);
     MT_CHECK(seq <= config.max_position_embeddings, "--seq-len ", seq, " is longer than the model's ",
              config.max_position_embeddings, " positions (max_position_embeddings)");
@@ -66,14 +75,17 @@ int main(int argc, char** argv) {
     model.to(device);
     std::string training = "full training";
     if (lora_r > 0) {
+      if (base_dtype == "bf16") model.to(mt::DType::bf16);  // before apply_lora, which makes f32 adapters
       mt::nn::LoRAOptions lora;
       lora.r = lora_r;
       lora.alpha = 2.0 * static_cast<double>(lora_r);
       lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
       mt::nn::apply_lora(model, lora, &init);
-      training = example::format("LoRA r=%lld alpha=%lld on q,k,v,o,gate,up,down_proj (frozen base f32%s)",
-                                 static_cast<long long>(lora_r), static_cast<long long>(2 * lora_r),
-                                 placement.amp ? ", cast once to bf16 copies" : "");
+      const std::string base = base_dtype == "bf16"        ? "frozen base bf16, adapters f32"
+                               : placement.amp.has_value() ? "frozen base f32, cast once to bf16 copies"
+                                                           : "frozen base f32";
+      training = example::format("LoRA r=%lld alpha=%lld on q,k,v,o,gate,up,down_proj (%s)",
+                                 static_cast<long long>(lora_r), static_cast<long long>(2 * lora_r), base.c_str());
     }
     mt::nn::name_modules_for_tracing(model, "llama");  // after apply_lora: its layers take their paths too
     const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";

@@ -126,9 +126,10 @@ llama_section() {
   # Llama-3.2-1B LoRA at 8 x 2048 is the tight one, for PyTorch: ~130 KB a token a layer kept for
   # backward (bf16 activations, RMSNorm's f32 ones, an 8192-wide MLP) x 16 layers x 16k tokens
   # ~ 34 GB, and the [16k, 128256] logits in bf16 (4.2 GB), f32, log-softmax and gradient (8.4 GB
-  # each) ~ 30 GB, beside the 2.5 GB bf16 base: near 70 GB. Ours holds the frozen base in f32 (5 GB)
-  # beside its bf16 copies (2.5 GB), and its fused LM head never forms the whole logits. A mode
-  # that runs out of memory prints so and the next one runs; then rerun with LLAMA_BATCH=4.
+  # each) ~ 30 GB, beside the 2.5 GB bf16 base: near 70 GB. Ours runs with the same bf16 base and f32
+  # adapters (--base-dtype bf16), then with its default f32 base (5 GB, and the bf16 copies autocast
+  # keeps of it); its fused LM head never forms the whole logits. A mode that runs out of memory
+  # prints so and the next one runs; then rerun with LLAMA_BATCH=4.
   local lb="${LLAMA_BATCH:-8}" lt="${LLAMA_SEQ_LEN:-2048}"
   local prompt="${GEN_PROMPT_LEN:-128}" new="${GEN_NEW_TOKENS:-256}"
 
@@ -139,8 +140,11 @@ llama_section() {
   llama_run python3 tools/bench/llama_step_torch.py --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
     --modes eager,compile,blocks
   echo "== Llama-3.2-1B shape, B=$lb, T=$lt, bf16 autocast, LoRA r=16 alpha=32 on the seven projections =="
+  llama_run "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --base-dtype bf16 \
+    --batch "$lb" --seq-len "$lt" --checkpoint off,blocks --profile "$profile"
+  echo "-- the same with the frozen base in f32 (llama_step's default), cast once to bf16 copies by autocast --"
   llama_run "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
-    --checkpoint off,blocks --profile "$profile"
+    --checkpoint off
   echo "-- PyTorch + PEFT (frozen base bf16, adapters f32): eager, torch.compile, eager with checkpointing --"
   llama_run python3 tools/bench/llama_step_torch.py --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
     --modes eager,compile,blocks
