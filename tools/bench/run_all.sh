@@ -2,9 +2,10 @@
 # Every benchmark, ours and PyTorch's twin side by side, on the GPU machine. Called by
 # `tools/device_check.sh --bench` after the build; BUILD names the build folder.
 #
-#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama]
+#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate]
 #
-# --only runs one section. MT_PROFILE_STEPS (default 3) steps per mode are then profiled op by op.
+# --only runs one section (llama: llama-train, then llama-generate). MT_PROFILE_STEPS (default 3)
+# steps per mode are then profiled op by op.
 # The Llama section's sizes come from these variables (defaults in brackets):
 #   SMOLLM_BATCH [8], SMOLLM_SEQ_LEN [2048]      SmolLM2-135M shape, full training
 #   LLAMA_BATCH [8], LLAMA_SEQ_LEN [2048]        Llama-3.2-1B shape, LoRA r=16
@@ -13,8 +14,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${BUILD:-build-device}"
 profile="${MT_PROFILE_STEPS:-3}"
-sections="gpt mlp ops ddp llama"
-usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama]"
+sections="gpt mlp ops ddp llama-train llama-generate"
+usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate]"
 
 only=""
 while (($# > 0)); do
@@ -38,11 +39,11 @@ while (($# > 0)); do
       ;;
   esac
 done
-if [[ -n "$only" && " $sections " != *" $only "* ]]; then
-  echo "run_all.sh: --only: expected one of ${sections// /, }, got '$only'" >&2
+if [[ -n "$only" && " $sections llama " != *" $only "* ]]; then
+  echo "run_all.sh: --only: expected one of ${sections// /, }, llama, got '$only'" >&2
   exit 2
 fi
-wanted() { [[ -z "$only" || "$only" == "$1" ]]; }
+wanted() { [[ -z "$only" || "$only" == "$1" || ("$only" == llama && "$1" == llama-*) ]]; }
 
 gpt_section() {
   echo "== GPT-2 124M shape, B=16, T=1024, bf16, LoRA r=8 on c_attn: checkpointing =="
@@ -104,35 +105,36 @@ ddp_section() {
   fi
 }
 
-llama_section() {
-  # A Llama command that fails is reported and the section goes on with the next one (each pair of
-  # numbers is worth having without the others); the section then fails, last, so the script does.
-  local failed=0
-  llama_run() {
-    "$@" || {
-      local rc=$?
-      echo "run_all.sh: FAILED (exit $rc): $*"
-      failed=1
-    }
+# A Llama command that fails is reported and the next one runs (each pair of numbers is worth
+# having without the others); the script then exits 1, after the last section.
+llama_failed=0
+llama_run() {
+  "$@" || {
+    local rc=$?
+    echo "run_all.sh: FAILED (exit $rc): $*"
+    llama_failed=1
   }
-  # SmolLM2-135M full training at B x T = 8 x 2048 (16k tokens a step) fits an 80 GB card by a
-  # wide margin, so it needs no fallback to 16 x 1024: the weights, gradients and AdamW's two
-  # moments in f32 are 16 bytes a parameter, 2.2 GB for 135M; what backward keeps is of order
-  # 30 KB a token a layer (the residual stream and RMSNorm's f32 intermediates, q/k/v and the
-  # attention output, gate, up and their product; SDPA keeps no T x T scores), so 30 layers x 16k
-  # tokens x 30 KB ~ 15 GB; PyTorch's LM head adds the [16k, 49152] logits in bf16 (1.6 GB), their
-  # f32 copy, log-softmax and its gradient (3.2 GB each) ~ 11 GB: under 30 GB in all.
-  local sb="${SMOLLM_BATCH:-8}" st="${SMOLLM_SEQ_LEN:-2048}"
-  # Llama-3.2-1B LoRA at 8 x 2048 is the tight one, for PyTorch: ~130 KB a token a layer kept for
-  # backward (bf16 activations, RMSNorm's f32 ones, an 8192-wide MLP) x 16 layers x 16k tokens
-  # ~ 34 GB, and the [16k, 128256] logits in bf16 (4.2 GB), f32, log-softmax and gradient (8.4 GB
-  # each) ~ 30 GB, beside the 2.5 GB bf16 base: near 70 GB. Ours runs with the same bf16 base and f32
-  # adapters (--base-dtype bf16), then with its default f32 base (5 GB, and the bf16 copies autocast
-  # keeps of it); its fused LM head never forms the whole logits. A mode that runs out of memory
-  # prints so and the next one runs; then rerun with LLAMA_BATCH=4.
-  local lb="${LLAMA_BATCH:-8}" lt="${LLAMA_SEQ_LEN:-2048}"
-  local prompt="${GEN_PROMPT_LEN:-128}" new="${GEN_NEW_TOKENS:-256}"
+}
+# SmolLM2-135M full training at B x T = 8 x 2048 (16k tokens a step) fits an 80 GB card by a
+# wide margin, so it needs no fallback to 16 x 1024: the weights, gradients and AdamW's two
+# moments in f32 are 16 bytes a parameter, 2.2 GB for 135M; what backward keeps is of order
+# 30 KB a token a layer (the residual stream and RMSNorm's f32 intermediates, q/k/v and the
+# attention output, gate, up and their product; SDPA keeps no T x T scores), so 30 layers x 16k
+# tokens x 30 KB ~ 15 GB; PyTorch's LM head adds the [16k, 49152] logits in bf16 (1.6 GB), their
+# f32 copy, log-softmax and its gradient (3.2 GB each) ~ 11 GB: under 30 GB in all.
+sb="${SMOLLM_BATCH:-8}" st="${SMOLLM_SEQ_LEN:-2048}"
+# Llama-3.2-1B LoRA at 8 x 2048 is the tight one, for PyTorch: ~130 KB a token a layer kept for
+# backward (bf16 activations, RMSNorm's f32 ones, an 8192-wide MLP) x 16 layers x 16k tokens
+# ~ 34 GB, and the [16k, 128256] logits in bf16 (4.2 GB), f32, log-softmax and gradient (8.4 GB
+# each) ~ 30 GB, beside the 2.5 GB bf16 base: near 70 GB. Ours runs with the same bf16 base and f32
+# adapters (--base-dtype bf16), then with its default f32 base (5 GB, and the bf16 copies autocast
+# keeps of it); its fused LM head never forms the whole logits. A mode that runs out of memory
+# prints so and the next one runs; then rerun with LLAMA_BATCH=4.
+lb="${LLAMA_BATCH:-8}" lt="${LLAMA_SEQ_LEN:-2048}"
 
+prompt="${GEN_PROMPT_LEN:-128}" new="${GEN_NEW_TOKENS:-256}"
+
+llama_train_section() {
   echo "== SmolLM2-135M shape, B=$sb, T=$st, bf16 autocast, full training, checkpointing off and blocks =="
   llama_run "$build/tools/llama_step" --device cuda --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
     --checkpoint off,blocks --profile "$profile"
@@ -148,14 +150,17 @@ llama_section() {
   echo "-- PyTorch + PEFT (frozen base bf16, adapters f32): eager, torch.compile, eager with checkpointing --"
   llama_run python3 tools/bench/llama_step_torch.py --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
     --modes eager,compile,blocks
+}
+
+llama_generate_section() {
   echo "== Llama-3.2-1B shape, bf16 weights, batch 1, prompt $prompt, $new new tokens: greedy generation, KV cache =="
   llama_run "$build/tools/generate_bench" --device cuda --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
   echo "-- PyTorch: transformers' model.generate --"
   llama_run python3 tools/bench/generate_torch.py --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
-  return "$failed"
 }
 
 # Under set -e, as before the sections: a failing command ends the script with its status.
 for section in $sections; do
-  if wanted "$section"; then "${section}_section"; fi
+  if wanted "$section"; then "${section//-/_}_section"; fi
 done
+exit "$llama_failed"
