@@ -39,7 +39,7 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
 fi
 read -r -a extra <<<"${MT_CMAKE_ARGS:-}"
 cmake -S . -B "$build" "${fresh[@]}" "${config[@]}" "${extra[@]}" >/dev/null
-cmake --build "$build" -j"$(nproc)" --target mt_tokenize gpt_train gpt_lora gpt_generate
+cmake --build "$build" -j"$(nproc)" --target mt_tokenize mt_train_program mt_lora mt_generate
 echo "demo.sh: built in $((SECONDS - start)) s"
 
 work="${DEMO_DIR:-$build/demo}"
@@ -61,12 +61,12 @@ echo "demo.sh: === 1. tokenize (bytes) ==="
   "${perl_modules[@]}"
 
 echo "demo.sh: === 2. pretrain a GPT on the licences ($device) ==="
-"$bin/gpt_train" --data "$work/licences.tok" --val-data "$work/licences_val.tok" --out "$work/model" \
+"$bin/mt_train" --data "$work/licences.tok" --val-data "$work/licences_val.tok" --out "$work/model" \
   "${model[@]}" --seq-len "$seq" --batch-size "$batch" --steps "$pre_steps" --lr 2e-3 \
   --log-every $((pre_steps / 10)) --eval-every $((pre_steps / 5)) --prompt "This License " --sample-tokens 160 --metrics "$work/pretrain.jsonl" "$@"
 
 echo "demo.sh: === 3. LoRA fine-tune it on Perl source ==="
-"$bin/gpt_lora" --base "$work/model" --data "$work/perl.tok" --val-data "$work/perl_val.tok" \
+"$bin/mt_lora" --base "$work/model" --data "$work/perl.tok" --val-data "$work/perl_val.tok" \
   --adapter-out "$work/adapter" --r 8 --alpha 16 --targets c_attn,c_proj,c_fc --seq-len "$seq" \
   --batch-size "$batch" --steps "$lora_steps" --lr 3e-3 --log-every $((lora_steps / 10)) --eval-every $((lora_steps / 5)) \
   --prompt "sub " --sample-tokens 160 --metrics "$work/lora.jsonl" "$@"
@@ -84,5 +84,5 @@ else
 fi
 
 echo "demo.sh: model in $work/model, adapter in $work/adapter; sample again with"
-echo "  $bin/gpt_generate --model $work/model --adapter $work/adapter --prompt 'sub '"
+echo "  $bin/mt_generate --model $work/model --adapter $work/adapter --prompt 'sub '"
 echo "demo.sh: done in $((SECONDS - start)) s"

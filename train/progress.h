@@ -2,7 +2,7 @@
 // (a bar, the figures, the time left), at most ten times a second. Anywhere else (a log file, a
 // pipe, a job scheduler's output): nothing is redrawn; the caller prints whole lines at an
 // interval, e.g. progress_line()'s
-//   gpt_train: step   25/300 | loss 3.2145 | lr 6.00e-04 | ... | eta 1m05s
+//   mt_train: step   25/300 | loss 3.2145 | lr 6.00e-04 | ... | eta 1m05s
 // Messages printed through a ProgressBar (a checkpoint written, a validation loss) appear above
 // the bar, which is drawn again below them.
 #pragma once
@@ -31,7 +31,7 @@ std::string progress_line(const std::string& program, int64_t step, int64_t step
 
 class ProgressBar {
  public:
-  // label: "gpt_train" or "gpt_train: validation"; total: the units of work (steps, batches).
+  // label: "mt_train" or "mt_train: validation"; total: the units of work (steps, batches).
   ProgressBar(std::string label, int64_t total, ProgressMode mode = ProgressMode::automatic);
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;

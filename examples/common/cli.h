@@ -38,7 +38,7 @@
 namespace example {
 
 // Call first in main: makes stdout line-buffered, and CLI11's errors name the program
-// ("gpt_train: --steps: expected a positive number, got 0").
+// ("mt_train: --steps: expected a positive number, got 0").
 void setup(CLI::App& app, const std::string& program);
 
 // Checks for numeric and word flags, worded for a person: CLI11's own say

@@ -19,12 +19,12 @@ printf 'MTTOKENS\x01\0\0\0\x02\0\0\0\xe8\x03\0\0\0\0\0\0\x03\0\0\0\0\0\0\0\x01\0
 
 # Two tiny models (widths 16 and 32), a checkpoint of the wider one, and an adapter for it.
 short=(--device cpu --data "$w/a.tok" --seq-len 16 --batch-size 2 --steps 2 --sample-tokens 0)
-"$bin/gpt_train" "${short[@]}" --layers 1 --heads 2 --embd 16 --out "$w/model" >/dev/null ||
-  setup_fail "gpt_train (width 16)"
-"$bin/gpt_train" "${short[@]}" --layers 1 --heads 2 --embd 32 --out "$w/wide" --save-dir "$w/wide_ck" >/dev/null ||
-  setup_fail "gpt_train (width 32)"
-"$bin/gpt_lora" "${short[@]}" --r 2 --base "$w/wide" --adapter-out "$w/wide_adapter" >/dev/null ||
-  setup_fail "gpt_lora"
+"$bin/mt_train" "${short[@]}" --layers 1 --heads 2 --embd 16 --out "$w/model" >/dev/null ||
+  setup_fail "mt_train (width 16)"
+"$bin/mt_train" "${short[@]}" --layers 1 --heads 2 --embd 32 --out "$w/wide" --save-dir "$w/wide_ck" >/dev/null ||
+  setup_fail "mt_train (width 32)"
+"$bin/mt_lora" "${short[@]}" --r 2 --base "$w/wide" --adapter-out "$w/wide_adapter" >/dev/null ||
+  setup_fail "mt_lora"
 ckpt=step-000000002.safetensors
 [[ -s "$w/wide_ck/$ckpt" ]] || setup_fail "no checkpoint $w/wide_ck/$ckpt"
 mkdir -p "$w/cut_ck" && head -c -100 "$w/wide_ck/$ckpt" >"$w/cut_ck/$ckpt"  # its last 100 bytes lost
@@ -57,35 +57,35 @@ check() {
   failed=$((failed + 1))
 }
 
-train=("$bin/gpt_train" --device cpu --out "$w/out" --layers 1 --sample-tokens 0)
-lora=("$bin/gpt_lora" --device cpu --adapter-out "$w/adapter_out" --sample-tokens 0)
-generate=("$bin/gpt_generate" --device cpu --tokens 4)
+train=("$bin/mt_train" --device cpu --out "$w/out" --layers 1 --sample-tokens 0)
+lora=("$bin/mt_lora" --device cpu --adapter-out "$w/adapter_out" --sample-tokens 0)
+generate=("$bin/mt_generate" --device cpu --tokens 4)
 
 # Arguments.
-check steps_negative "gpt_train: --steps: expected a positive number, got -1" "${train[@]}" --data "$w/a.tok" \
+check steps_negative "mt_train: --steps: expected a positive number, got -1" "${train[@]}" --data "$w/a.tok" \
   --steps -1
-check tokens_zero "gpt_generate: --tokens: expected a positive number, got 0" "${generate[@]}" --model "$w/model" \
+check tokens_zero "mt_generate: --tokens: expected a positive number, got 0" "${generate[@]}" --model "$w/model" \
   --tokens 0
-check unknown_option "gpt_train: The following argument was not expected: --bogus" "${train[@]}" --data "$w/a.tok" \
+check unknown_option "mt_train: The following argument was not expected: --bogus" "${train[@]}" --data "$w/a.tok" \
   --bogus
-check required_missing "gpt_train: --data is required" "${train[@]}"
+check required_missing "mt_train: --data is required" "${train[@]}"
 check heads_do_not_divide_width "n_embd 16 is not a multiple of n_head 3" "${train[@]}" --data "$w/a.tok" --embd 16 \
   --heads 3
 check checkpoint_mode_unknown "'all' is not one of off, blocks, blocks:K" "${train[@]}" --data "$w/a.tok" \
   --checkpoint all
 check seq_len_over_context "--seq-len 32 exceeds the model's longest sequence 16" "${train[@]}" --data "$w/a.tok" \
   --seq-len 32 --context 16
-check cuda_graph_on_cpu "gpt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
+check cuda_graph_on_cpu "mt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
 
 # Numbers out of range: the flag, the accepted range and the value (not CLI11's "Value 2 not in range ...").
-check dropout_out_of_range "gpt_train: --dropout: expected a number from 0 to 0.99, got 1.5" "${train[@]}" \
+check dropout_out_of_range "mt_train: --dropout: expected a number from 0 to 0.99, got 1.5" "${train[@]}" \
   --data "$w/a.tok" --dropout 1.5
-check min_lr_ratio_out_of_range "gpt_train: --min-lr-ratio: expected a number from 0 to 1, got 2" "${train[@]}" \
+check min_lr_ratio_out_of_range "mt_train: --min-lr-ratio: expected a number from 0 to 1, got 2" "${train[@]}" \
   --data "$w/a.tok" --min-lr-ratio 2
-check lora_dropout_out_of_range "gpt_lora: --lora-dropout: expected a number from 0 to 0.99, got -0.1" "${lora[@]}" \
+check lora_dropout_out_of_range "mt_lora: --lora-dropout: expected a number from 0 to 0.99, got -0.1" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --lora-dropout -0.1
 check val_fraction_out_of_range "mt_tokenize: --val-fraction: expected a number from 0 to 1, got 2" \
   "$bin/mt_tokenize" --output "$w/x.tok" --val-output "$w/v.tok" --val-fraction 2 "$w/a.txt"
@@ -102,13 +102,13 @@ check op_bench_iters_zero "op_bench: --iters: expected a positive number, got 0"
 # --device and --amp: the same words in every program. args_for <program>: its required arguments.
 args_for() {
   case $1 in
-    gpt_train) args=(--data "$w/a.tok" --out "$w/out" --layers 1 --heads 2 --embd 16) ;;
-    gpt_lora) args=(--data "$w/a.tok" --base "$w/model" --adapter-out "$w/adapter_out") ;;
-    gpt_generate) args=(--model "$w/model") ;;
+    mt_train) args=(--data "$w/a.tok" --out "$w/out" --layers 1 --heads 2 --embd 16) ;;
+    mt_lora) args=(--data "$w/a.tok" --base "$w/model" --adapter-out "$w/adapter_out") ;;
+    mt_generate) args=(--model "$w/model") ;;
     *) args=() ;;
   esac
 }
-for p in "$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora" "$bin/gpt_generate" "$tools/gpt_step" "$tools/mlp_step" \
+for p in "$bin/mlp" "$bin/mt_train" "$bin/mt_lora" "$bin/mt_generate" "$tools/gpt_step" "$tools/mlp_step" \
   "$tools/op_bench"; do
   name=$(basename "$p")
   args_for "$name"
@@ -117,14 +117,14 @@ for p in "$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora" "$bin/gpt_generate" "$tools
   # A GPU asked for where none is usable: one sentence (on a GPU machine cuda:99 does not exist).
   check "${name}_device_missing" "$name: --device cuda:99: no usable CUDA device (" "$p" "${args[@]}" --device cuda:99
 done
-for p in "$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora" "$tools/gpt_step"; do
+for p in "$bin/mlp" "$bin/mt_train" "$bin/mt_lora" "$tools/gpt_step"; do
   name=$(basename "$p")
   args_for "$name"
   check "${name}_amp_unknown" "$name: --amp: expected auto, off, bf16 or fp16, got fp8" "$p" "${args[@]}" --amp fp8
 done
 if ! command -v nvidia-smi >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
   # No driver on this machine: the sentence says so (or that the build has no CUDA at all).
-  for p in "$bin/gpt_train" "$bin/mlp"; do
+  for p in "$bin/mt_train" "$bin/mlp"; do
     name=$(basename "$p")
     args_for "$name"
     out=$("$p" "${args[@]}" --device cuda 2>&1)
@@ -142,8 +142,8 @@ fi
 check op_bench_dtype_unknown "op_bench: --dtype: expected bf16, f16 or f32, got f64" "$tools/op_bench" --dtype f64
 check mlp_optimizer_unknown "mlp: --optimizer: expected adamw or sgd, got adam" "$bin/mlp" --optimizer adam
 
-# The checkpoint flags: the same checks and words in gpt_train, gpt_lora and mlp.
-for p in "$bin/gpt_train" "$bin/gpt_lora" "$bin/mlp"; do
+# The checkpoint flags: the same checks and words in mt_train, mt_lora and mlp.
+for p in "$bin/mt_train" "$bin/mt_lora" "$bin/mlp"; do
   name=$(basename "$p")
   args_for "$name"
   args+=(--device cpu --steps 2)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The command-line convention of the programs (examples/common/cli.h), on the CPU: every program
-# that has a shared flag shows the same default for it in --help; mlp and gpt_train resolve
+# that has a shared flag shows the same default for it in --help; mlp and mt_train resolve
 # --device auto and --amp auto alike, print progress lines of one form with the time left, stop
 # after --stop-at N (saying so, not that a signal stopped them) or after SIGTERM (naming it), and
 # resume the same way. Bad values of the shared flags are bad_cli.sh's.
@@ -26,10 +26,10 @@ default() {
     fi
   done
 }
-trainers=("$bin/mlp" "$bin/gpt_train" "$bin/gpt_lora")
-default --device auto "${trainers[@]}" "$bin/gpt_generate" "$tools/gpt_step" "$tools/mlp_step" "$tools/op_bench"
+trainers=("$bin/mlp" "$bin/mt_train" "$bin/mt_lora")
+default --device auto "${trainers[@]}" "$bin/mt_generate" "$tools/gpt_step" "$tools/mlp_step" "$tools/op_bench"
 default --amp auto "${trainers[@]}" "$tools/gpt_step"
-default --seed 1337 "${trainers[@]}" "$bin/gpt_generate"
+default --seed 1337 "${trainers[@]}" "$bin/mt_generate"
 default --save-every 0 "${trainers[@]}"
 default --keep 3 "${trainers[@]}"
 default --stop-at 0 "${trainers[@]}"
@@ -53,11 +53,11 @@ else auto="cpu, f32"; fi
 run_args() {  # run_args <program>: a few quick steps
   case $1 in
     mlp) args=("$bin/mlp" --steps 4 --log-every 2 --points-per-class 20) ;;
-    gpt_train) args=("$bin/gpt_train" --data "$w/a.tok" --out "$w/model" --layers 1 --heads 2 --embd 16 --seq-len 16
+    mt_train) args=("$bin/mt_train" --data "$w/a.tok" --out "$w/model" --layers 1 --heads 2 --embd 16 --seq-len 16
                      --batch-size 2 --steps 4 --log-every 2 --sample-tokens 0) ;;
   esac
 }
-for name in mlp gpt_train; do
+for name in mlp mt_train; do
   run_args $name
   "${args[@]}" >"$w/$name.auto.log" 2>&1 || bad "$name with --device auto --amp auto exited with status $?"
   expect "$name resolves auto" "$w/$name.auto.log" "^$name: .* on $auto"

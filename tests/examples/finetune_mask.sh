@@ -16,9 +16,9 @@ fi
 for i in $(seq 1 300); do echo "Sentence $i of the text, with words that repeat and repeat."; echo; done >"$work/text.txt"
 "$bin/mt_tokenize" --tokenizer "$tokenizer" --output "$work/text.tok" "$work/text.txt" | tee "$work/tokenize.log"
 grep -q "byte-level BPE" "$work/tokenize.log" || fail "mt_tokenize did not use the BPE tokenizer"
-"$bin/gpt_train" --device cpu --tokenizer "$tokenizer" --data "$work/text.tok" --layers 2 --heads 2 --embd 32 \
+"$bin/mt_train" --device cpu --tokenizer "$tokenizer" --data "$work/text.tok" --layers 2 --heads 2 --embd 32 \
   --seq-len 32 --batch-size 8 --steps 20 --log-every 10 --prompt "Sentence" --sample-tokens 8 --out "$work/base" \
-  >"$work/train.log" 2>&1 || { cat "$work/train.log"; fail "gpt_train"; }
+  >"$work/train.log" 2>&1 || { cat "$work/train.log"; fail "mt_train"; }
 grep -q "vocab 1001" "$work/train.log" || fail "the model's vocabulary is not the tokenizer's"
 [[ -f "$work/base/tokenizer.json" ]] || fail "the tokenizer was not saved with the model"
 
@@ -28,9 +28,9 @@ done >"$work/sft.jsonl"
 "$bin/mt_tokenize" --tokenizer "$work/base" --format prompt-completion --output "$work/sft.tok" "$work/sft.jsonl" |
   tee "$work/sft_tokenize.log"
 grep -Eq "200 examples .*% of tokens trained on" "$work/sft_tokenize.log" || fail "no loss-mask summary"
-"$bin/gpt_lora" --device cpu --base "$work/base" --data "$work/sft.tok" --seq-len 32 --batch-size 8 --steps 20 \
+"$bin/mt_lora" --device cpu --base "$work/base" --data "$work/sft.tok" --seq-len 32 --batch-size 8 --steps 20 \
   --log-every 10 --prompt "Question 7: what comes after 7?" --sample-tokens 6 --adapter-out "$work/adapter" \
-  >"$work/lora.log" 2>&1 || { cat "$work/lora.log"; fail "gpt_lora"; }
+  >"$work/lora.log" 2>&1 || { cat "$work/lora.log"; fail "mt_lora"; }
 grep -E "targets|loss .* -> " "$work/lora.log"
-grep -q "adapter saved" "$work/lora.log" || fail "gpt_lora saved no adapter"
+grep -q "adapter saved" "$work/lora.log" || fail "mt_lora saved no adapter"
 echo "finetune_mask: OK"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The loss scale in gpt_train's progress lines, below 1: an fp16 run on the CPU with a learning
+# The loss scale in mt_train's progress lines, below 1: an fp16 run on the CPU with a learning
 # rate so large that after a step or two every forward overflows f16, so every step is skipped
 # and the loss scaler halves its scale each time (65536 -> 2^-k). Each logged scale must be the
 # real value (a positive number, never more than the one before), and the last one below 1.
@@ -10,9 +10,9 @@ rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 for i in $(seq 1 100); do echo "line $i of the text the model learns."; done >"$work/a.txt"
 "$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "mt_tokenize"
-"$bin/gpt_train" --device cpu --amp fp16 --data "$work/a.tok" --layers 1 --heads 2 --embd 16 --seq-len 16 \
+"$bin/mt_train" --device cpu --amp fp16 --data "$work/a.tok" --layers 1 --heads 2 --embd 16 --seq-len 16 \
   --batch-size 2 --steps 24 --warmup 0 --lr 1e4 --log-every 1 --sample-tokens 0 --out "$work/model" \
-  >"$work/train.log" 2>&1 || { tail -n 5 "$work/train.log"; fail "gpt_train exited with status $?"; }
+  >"$work/train.log" 2>&1 || { tail -n 5 "$work/train.log"; fail "mt_train exited with status $?"; }
 sed -nE 's/.*\| loss scale ([^ |]+) .*/\1/p' "$work/train.log" >"$work/scales.txt"
 (($(wc -l <"$work/scales.txt") == 24)) || { cat "$work/train.log"; fail "expected 24 progress lines with a loss scale"; }
 awk '

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training checkpoints, with gpt_train (on the CPU, or on a GPU with --deterministic):
+# Training checkpoints, with mt_train (on the CPU, or on a GPU with --deterministic):
 #  1. resume: 12 steps straight vs 6 steps + resume to 12 (dropout on): the loss lines of steps
 #     7-12 and the final model are bit-identical;
 #  2. SIGTERM: the run finishes its step, writes a checkpoint and exits 0; resuming it completes;
@@ -16,7 +16,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 for i in $(seq 1 200); do echo "line $i of the text the model learns, with words that repeat and repeat."; done \
   >"$work/a.txt"
 "$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || fail "tokenize"
-train=("$bin/gpt_train" --device "$device" "${extra[@]}" --data "$work/a.tok" --layers 2 --heads 2 --embd 32 --seq-len 32
+train=("$bin/mt_train" --device "$device" "${extra[@]}" --data "$work/a.tok" --layers 2 --heads 2 --embd 32 --seq-len 32
        --batch-size 4 --dropout 0.1 --lr 3e-3 --log-every 1 --sample-tokens 0)
 steps() { grep -E "step +[0-9]+/" "$1" | sed -E 's/ \| [0-9,]+ tok\/s.*//'; }  # step, loss, lr
 

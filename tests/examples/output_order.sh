@@ -34,11 +34,11 @@ check() {
 # The MLP fails after training when the accuracy is below --min-accuracy.
 check mlp "step +[0-9]+" "is below --min-accuracy" "$bin/mlp" --device cpu --steps 30 --log-every 10 \
   --points-per-class 50 --min-accuracy 1
-# gpt_train fails after training when it cannot write the model (--out under a regular file).
+# mt_train fails after training when it cannot write the model (--out under a regular file).
 for i in $(seq 1 100); do echo "line $i of the text the model learns."; done >"$work/a.txt"
 "$bin/mt_tokenize" --output "$work/a.tok" "$work/a.txt" >/dev/null || { echo "FAIL: setup: mt_tokenize"; exit 1; }
 : >"$work/file"
-check gpt_train "step +[0-9]+/" "$work/file/model" "$bin/gpt_train" --device cpu --data "$work/a.tok" --layers 1 \
+check mt_train "step +[0-9]+/" "$work/file/model" "$bin/mt_train" --device cpu --data "$work/a.tok" --layers 1 \
   --heads 2 --embd 16 --seq-len 16 --batch-size 2 --steps 6 --log-every 2 --sample-tokens 0 --out "$work/file/model"
 
 echo "output_order: $passed passed, $failed failed"

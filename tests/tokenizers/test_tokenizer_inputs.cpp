@@ -91,8 +91,8 @@ TEST_F(TokenizerInputs, NotJsonAndUnknownComponentsNameTheFile) {
 
 TEST_F(TokenizerInputs, VocabLargerThanEmbedding) {
   const auto t = load_tokenizer(kFixtures + "/llama3");
-  const std::string message = error_message_of([&] { check_vocab_fits(*t, 1000, "gpt_train --init-from m"); });
-  EXPECT_NE(message.find("gpt_train --init-from m: the tokenizer has 1208 ids but the model's embedding has 1000 rows"),
+  const std::string message = error_message_of([&] { check_vocab_fits(*t, 1000, "mt_train --init-from m"); });
+  EXPECT_NE(message.find("mt_train --init-from m: the tokenizer has 1208 ids but the model's embedding has 1000 rows"),
             std::string::npos)
       << message;
   EXPECT_NO_THROW(check_vocab_fits(*t, 1208, "x"));

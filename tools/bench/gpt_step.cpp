@@ -25,7 +25,7 @@
 #include "core/nvtx.h"
 #include "distributed/ddp.h"
 #include "examples/common/cli.h"
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/backends.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       mt::nn::LoRAOptions lora;
       lora.r = lora_r;
       lora.alpha = 2.0 * static_cast<double>(lora_r);
-      lora.target_modules = gpt_example::split_commas(targets);
+      lora.target_modules = lm_example::split_commas(targets);
       mt::nn::apply_lora(model, lora, &init);
     }
     model.set_fused_ops(!unfused);
@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     const mt::DType low = placement.amp.value_or(mt::DType::bf16);
     bench::StepTable table(device);
     table.print_header();
-    for (const std::string& mode : gpt_example::split_commas(modes)) {
+    for (const std::string& mode : lm_example::split_commas(modes)) {
       model.set_checkpointing(mt::nn::GPTCheckpointing::parse(mode));
       mt::AdamWOptions adamw(1e-4);
       if (autocast && !cast_weights) adamw.autocast_copies(low);

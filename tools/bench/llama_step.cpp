@@ -23,7 +23,7 @@
 #include "autograd/profiler.h"
 #include "core/cuda_context.h"
 #include "examples/common/cli.h"
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/nn/llama.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
 
     bench::StepTable table(device);
     table.print_header();
-    for (const std::string& mode : gpt_example::split_commas(modes)) {
+    for (const std::string& mode : lm_example::split_commas(modes)) {
       try {
         model.set_checkpointing(mode);
       } catch (const mt::Error& e) {

@@ -57,7 +57,7 @@
 #include "autograd/engine.h"
 #include "core/cuda_context.h"
 #include "examples/common/cli.h"
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/backends.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
@@ -498,7 +498,7 @@ std::string bandwidth_text(double bytes_per_ms) {
 CLI::Validator known_ops() {
   return CLI::Validator(
       [](std::string& input) {
-        const std::vector<std::string> ops = gpt_example::split_commas(input);
+        const std::vector<std::string> ops = lm_example::split_commas(input);
         if (ops.empty()) return std::string("expected a comma list of ops, got '") + input + "'";
         for (const std::string& op : ops) {
           if (std::find(kOps.begin(), kOps.end(), op) == kOps.end() &&
@@ -583,7 +583,7 @@ int main(int argc, char** argv) {
   mt::backends::set_matmul_autotune(gemm_autotune);
 
   try {
-    const std::vector<std::string> ops = gpt_example::split_commas(ops_text);
+    const std::vector<std::string> ops = lm_example::split_commas(ops_text);
     const bool attention = std::find(ops.begin(), ops.end(), "attention") != ops.end() ||
                            std::find(ops.begin(), ops.end(), "attention_bthd") != ops.end();
     MT_CHECK(!attention || s.width % s.heads == 0, "--width ", s.width, " is not a multiple of --heads ", s.heads,

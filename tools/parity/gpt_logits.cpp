@@ -12,7 +12,7 @@
 
 #include "core/safetensors.h"
 #include "examples/common/cli.h"
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     const auto model = mt::nn::GPT::from_pretrained(model_dir);
     model->eval();
     if (!adapter_dir.empty()) {
-      lora.target_modules = gpt_example::split_commas(targets);
+      lora.target_modules = lm_example::split_commas(targets);
       mt::Generator generator(seed);
       mt::nn::apply_lora(*model, lora, &generator);
       mt::NoGradGuard no_grad;

@@ -3,7 +3,7 @@
 // A and B matrices of the targeted projections train. Saves the adapter in PEFT's
 // layout (adapter_config.json + adapter_model.safetensors) and, optionally, the merged model.
 //
-//   build/examples/gpt_lora --base model/ --data new_text.tok --adapter-out adapter/ --r 8 --alpha 16
+//   build/examples/mt_lora --base model/ --data new_text.tok --adapter-out adapter/ --r 8 --alpha 16
 //
 // A sample from the same prompt is printed before and after, so the change shows.
 #include <CLI/CLI.hpp>
@@ -11,16 +11,16 @@
 #include <cstdio>
 #include <sstream>
 
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Fine-tune a GPT-2 or Llama-family model with LoRA adapters"};
-  example::setup(app, "gpt_lora");
+  example::setup(app, "mt_lora");
   example::PlacementFlags placement_flags;
-  gpt_example::TrainFlags train_flags;
+  lm_example::TrainFlags train_flags;
   train_flags.steps = 200;
   train_flags.lr = 2e-3;
   train_flags.warmup = 20;
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   int64_t sample_tokens = 200;
   placement_flags.add_to(app);
   train_flags.add_to(app, "token file of the fine-tuning text (from mt_tokenize)");
-  app.add_option("--base", base, "base model directory (config.json, model.safetensors), e.g. from gpt_train")
+  app.add_option("--base", base, "base model directory (config.json, model.safetensors), e.g. from mt_train")
       ->required()
       ->check(CLI::ExistingDirectory);
   app.add_option("--tokenizer", tokenizer_path,
@@ -60,48 +60,48 @@ int main(int argc, char** argv) {
     const example::Placement placement = placement_flags.resolve();
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(base);
-    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, base);
-    mt::tok::check_vocab_fits(*tokenizer, model->vocab_size(), "gpt_lora");
+    const auto tokenizer = lm_example::tokenizer_for(tokenizer_path, base);
+    mt::tok::check_vocab_fits(*tokenizer, model->vocab_size(), "mt_lora");
     model->to(placement.device);
     model->eval();
     auto sample = [&](const char* when) {
       if (sample_tokens == 0 || !placement.is_main()) return;
-      std::printf("gpt_lora: sample %s fine-tuning:\n%s\n", when,
-                  gpt_example::sample_text(*model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40,
-                                           train_flags.seed)
+      std::printf("mt_lora: sample %s fine-tuning:\n%s\n", when,
+                  lm_example::sample_text(*model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40,
+                                          train_flags.seed)
                       .c_str());
     };
     sample("before");
     std::optional<double> val_before;
     if (!train_flags.val_data.empty()) {
-      val_before = gpt_example::evaluate(*model, train_flags.val_data, train_flags.batch_size, train_flags.seq_len,
-                                         train_flags.eval_batches, placement);
-      if (placement.is_main()) std::printf("gpt_lora: validation loss of the base model %.4f\n", *val_before);
+      val_before = lm_example::evaluate(*model, train_flags.val_data, train_flags.batch_size, train_flags.seq_len,
+                                        train_flags.eval_batches, placement);
+      if (placement.is_main()) std::printf("mt_lora: validation loss of the base model %.4f\n", *val_before);
     }
 
     if (targets.empty()) {
       targets = model->model_type() == "gpt2" ? "c_attn,c_proj,c_fc"
                                               : "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
     }
-    lora.target_modules = gpt_example::split_commas(targets);
+    lora.target_modules = lm_example::split_commas(targets);
     mt::Generator init(train_flags.seed);
     const std::vector<std::string> adapted = mt::nn::apply_lora(*model, lora, &init);
     if (placement.is_main()) {
-      std::printf("gpt_lora: LoRA r=%lld alpha=%g%s on %zu layers (%s)\n", static_cast<long long>(lora.r), lora.alpha,
+      std::printf("mt_lora: LoRA r=%lld alpha=%g%s on %zu layers (%s)\n", static_cast<long long>(lora.r), lora.alpha,
                   lora.use_rslora ? " rsLoRA" : "", adapted.size(), targets.c_str());
-      std::printf("gpt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
+      std::printf("mt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
     }
 
-    const gpt_example::TrainResult result = gpt_example::train(*model, train_flags, placement, "gpt_lora");
+    const lm_example::TrainResult result = lm_example::train(*model, train_flags, placement, "mt_lora");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
     save_options.fan_in_fan_out = model->adapters_fan_in_fan_out();  // GPT-2's Conv1D
     save_options.base_model_name_or_path = base;
     mt::nn::save_adapter(*model, adapter_out, save_options);
-    std::printf("gpt_lora: loss %.4f -> %.4f in %.1f s; adapter saved to %s\n", result.first_loss, result.last_loss,
+    std::printf("mt_lora: loss %.4f -> %.4f in %.1f s; adapter saved to %s\n", result.first_loss, result.last_loss,
                 result.seconds, adapter_out.c_str());
     if (val_before && result.val_loss) {
-      std::printf("gpt_lora: validation loss %.4f -> %.4f\n", *val_before, *result.val_loss);
+      std::printf("mt_lora: validation loss %.4f -> %.4f\n", *val_before, *result.val_loss);
     }
     model->eval();
     sample("after");
@@ -109,12 +109,12 @@ int main(int argc, char** argv) {
     if (!merged_out.empty()) {
       mt::nn::merge_and_unload(*model);
       model->save_pretrained(merged_out);
-      mt::train::copy_tokenizer_files(tokenizer_path.empty() ? base : gpt_example::tokenizer_directory(tokenizer_path),
+      mt::train::copy_tokenizer_files(tokenizer_path.empty() ? base : lm_example::tokenizer_directory(tokenizer_path),
                                       merged_out);
-      std::printf("gpt_lora: merged model saved to %s\n", merged_out.c_str());
+      std::printf("mt_lora: merged model saved to %s\n", merged_out.c_str());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_lora: %s\n", e.what());
+    std::fprintf(stderr, "mt_lora: %s\n", e.what());
     return 2;
   }
   return 0;

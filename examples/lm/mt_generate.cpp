@@ -1,18 +1,18 @@
-// Samples text from a language model directory (GPT-2 from gpt_train or Hugging Face; Llama,
+// Samples text from a language model directory (GPT-2 from mt_train or Hugging Face; Llama,
 // Mistral, Qwen2), with or without a LoRA adapter, through the tokenizer saved in the model directory (or --tokenizer).
 //
-//   build/examples/gpt_generate --model model/ --adapter adapter/ --prompt "The " --tokens 300
+//   build/examples/mt_generate --model model/ --adapter adapter/ --prompt "The " --tokens 300
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Generate text with a GPT-2 or Llama-family model, optionally with a LoRA adapter"};
-  example::setup(app, "gpt_generate");
+  example::setup(app, "mt_generate");
   example::PlacementFlags placement_flags;
   std::string model_dir, adapter_dir, tokenizer_path, prompt = "The ";
   int64_t tokens = 200, top_k = 40;
@@ -42,16 +42,16 @@ int main(int argc, char** argv) {
   try {
     const example::Placement placement = placement_flags.resolve();
     const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(model_dir);
-    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, model_dir);
+    const auto tokenizer = lm_example::tokenizer_for(tokenizer_path, model_dir);
     model->to(placement.device);
     if (!adapter_dir.empty()) {
       mt::nn::load_adapter(*model, adapter_dir);
       if (merge) mt::nn::merge_lora(*model);
     }
     model->eval();
-    std::printf("%s\n", gpt_example::sample_text(*model, *tokenizer, prompt, tokens, temperature, top_k, seed).c_str());
+    std::printf("%s\n", lm_example::sample_text(*model, *tokenizer, prompt, tokens, temperature, top_k, seed).c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_generate: %s\n", e.what());
+    std::fprintf(stderr, "mt_generate: %s\n", e.what());
     return 2;
   }
   return 0;

@@ -4,29 +4,29 @@
 // mistral, qwen2).
 //
 //   build/examples/mt_tokenize --output train.tok licences/*
-//   build/examples/gpt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
-//   build/examples/gpt_train --data train.tok --out model/ --config smollm2-135m/config.json
+//   build/examples/mt_train --data train.tok --out model/ --layers 4 --heads 4 --embd 128
+//   build/examples/mt_train --data train.tok --out model/ --config smollm2-135m/config.json
 //
 // The saved directory (config.json + model.safetensors, and the tokenizer files of --init-from's
-// directory) is what gpt_lora and gpt_generate read, and what transformers'
-// GPT2LMHeadModel.from_pretrained reads. With --save-dir, the model's config.json is written there
-// too, so that gpt_export can turn any checkpoint into such a directory.
+// directory) is what mt_lora, mt_merge and mt_generate read, and what transformers'
+// AutoModelForCausalLM.from_pretrained reads. With --save-dir, the model's config.json is written
+// there too, so that mt_export can turn any checkpoint into such a directory.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
 
 #include "core/atomic_file.h"
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 #include "ops/nn/llama.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Pretrain a GPT from scratch on a token file"};
-  example::setup(app, "gpt_train");
+  CLI::App app{"Pretrain a language model (GPT-2 or Llama family) from scratch on a token file, or continue one"};
+  example::setup(app, "mt_train");
   example::PlacementFlags placement_flags;
-  gpt_example::TrainFlags train_flags;
+  lm_example::TrainFlags train_flags;
   mt::nn::GPTConfig config;
   config.n_layer = 4;
   config.n_head = 4;
@@ -69,11 +69,11 @@ int main(int argc, char** argv) {
   try {
     const example::Placement placement = placement_flags.resolve();
     if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
-    const auto tokenizer = gpt_example::tokenizer_for(tokenizer_path, init_from);
+    const auto tokenizer = lm_example::tokenizer_for(tokenizer_path, init_from);
     config.vocab_size = tokenizer->vocab_size();
     // The files saved beside the model: --tokenizer's, else --init-from's.
     const std::string tokenizer_dir =
-        tokenizer_path.empty() ? init_from : gpt_example::tokenizer_directory(tokenizer_path);
+        tokenizer_path.empty() ? init_from : lm_example::tokenizer_directory(tokenizer_path);
     mt::manual_seed(train_flags.seed);
     mt::Generator init(train_flags.seed);
     std::shared_ptr<mt::nn::CausalLM> loaded;
@@ -87,46 +87,46 @@ int main(int argc, char** argv) {
       loaded = std::make_shared<mt::nn::Llama>(mt::nn::LlamaConfig::from_json_file(config_path), &init);
     }
     mt::nn::CausalLM& model = *loaded;
-    mt::tok::check_vocab_fits(*tokenizer, model.vocab_size(), "gpt_train");
+    mt::tok::check_vocab_fits(*tokenizer, model.vocab_size(), "mt_train");
     model.to(placement.device);
     if (placement.is_main() && !train_flags.checkpoints.save_dir.empty()) {
-      // gpt_export reads it to rebuild the model of a checkpoint.
+      // mt_export reads it to rebuild the model of a checkpoint.
       std::filesystem::create_directories(train_flags.checkpoints.save_dir);
       mt::write_file_atomically(train_flags.checkpoints.save_dir + "/config.json", "model config", model.config_json());
       if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, train_flags.checkpoints.save_dir);
     }
     if (placement.is_main()) {
-      std::printf("gpt_train: tokenizer: %s\n", tokenizer->description().c_str());
+      std::printf("mt_train: tokenizer: %s\n", tokenizer->description().c_str());
       if (const auto* gpt = dynamic_cast<const mt::nn::GPT*>(&model)) {
         const mt::nn::GPTConfig& c = gpt->config();
-        std::printf("gpt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
+        std::printf("mt_train: GPT %lld layers, %lld heads, width %lld, context %lld, vocab %lld: %s parameters\n",
                     static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                     static_cast<long long>(c.n_embd), static_cast<long long>(c.n_positions),
-                    static_cast<long long>(c.vocab_size), gpt_example::with_commas(model.num_parameters()).c_str());
+                    static_cast<long long>(c.vocab_size), lm_example::with_commas(model.num_parameters()).c_str());
       } else {
-        std::printf("gpt_train: %s %lld layers, width %lld, context %lld, vocab %lld: %s parameters\n",
+        std::printf("mt_train: %s %lld layers, width %lld, context %lld, vocab %lld: %s parameters\n",
                     model.model_type().c_str(), static_cast<long long>(model.num_layers()),
                     static_cast<long long>(model.hidden_size()), static_cast<long long>(model.max_positions()),
                     static_cast<long long>(model.vocab_size()),
-                    gpt_example::with_commas(model.num_parameters()).c_str());
+                    lm_example::with_commas(model.num_parameters()).c_str());
       }
     }
 
-    const gpt_example::TrainResult result = gpt_example::train(model, train_flags, placement, "gpt_train");
+    const lm_example::TrainResult result = lm_example::train(model, train_flags, placement, "mt_train");
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the model and prints the sample
     model.save_pretrained(out);
     if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, out);
-    std::printf("gpt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
+    std::printf("mt_train: loss %.4f -> %.4f in %.1f s; saved %s\n", result.first_loss, result.last_loss,
                 result.seconds, out.c_str());
     if (sample_tokens > 0) {
       model.eval();
-      std::printf("gpt_train: sample:\n%s\n",
-                  gpt_example::sample_text(model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8,
-                                           /*top_k=*/40, train_flags.seed)
+      std::printf("mt_train: sample:\n%s\n",
+                  lm_example::sample_text(model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8,
+                                          /*top_k=*/40, train_flags.seed)
                       .c_str());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_train: %s\n", e.what());
+    std::fprintf(stderr, "mt_train: %s\n", e.what());
     return 2;
   }
   return 0;

@@ -1,7 +1,7 @@
-// What the GPT examples share: the training flags, turned into mt::train::TrainerOptions, the
-// training run through mt::train::Trainer, and text in and out through the byte tokenizer. The
-// flags every program shares (--device, --amp, --seed, the checkpoint flags) are
-// examples/common/cli.h's.
+// What the language-model programs (mt_train, mt_lora, mt_generate, ...) share, for any
+// mt::nn::CausalLM: the training flags, turned into mt::train::TrainerOptions, the training run
+// through mt::train::Trainer, and text in and out through the run's tokenizer. The flags every
+// program shares (--device, --amp, --seed, the checkpoint flags) are examples/common/cli.h's.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,7 +17,7 @@
 #include "tokenizers/tokenizer.h"
 #include "train/trainer.h"
 
-namespace gpt_example {
+namespace lm_example {
 
 struct TrainFlags {
   std::string data;      // training token file
@@ -83,4 +83,4 @@ using mt::with_commas;  // "1,234,567"
 // "c_attn,c_proj" -> {"c_attn", "c_proj"} (empty items dropped)
 std::vector<std::string> split_commas(const std::string& text);
 
-}  // namespace gpt_example
+}  // namespace lm_example

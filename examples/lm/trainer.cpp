@@ -1,4 +1,4 @@
-#include "examples/gpt/trainer.h"
+#include "examples/lm/trainer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include "train/data_source.h"
 #include "train/throughput.h"
 
-namespace gpt_example {
+namespace lm_example {
 
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> out;
@@ -241,4 +241,4 @@ std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer&
   return text;
 }
 
-}  // namespace gpt_example
+}  // namespace lm_example

@@ -1,11 +1,11 @@
-// Turns a training checkpoint of gpt_train into a model directory (config.json +
-// model.safetensors, loadable by gpt_lora, gpt_generate and transformers), with the tokenizer
+// Turns a training checkpoint of mt_train into a model directory (config.json +
+// model.safetensors, loadable by mt_lora, mt_generate and transformers), with the tokenizer
 // files copied beside it, while the run goes on or after it stopped.
 //
-//   build/examples/gpt_export --checkpoint run/ --out model-step-2000/      # the newest in run/
-//   build/examples/gpt_export --checkpoint run/step-000002000.safetensors --out model/
+//   build/examples/mt_export --checkpoint run/ --out model-step-2000/      # the newest in run/
+//   build/examples/mt_export --checkpoint run/step-000002000.safetensors --out model/
 //
-// The model's shape comes from the config.json that gpt_train writes into its --save-dir.
+// The model's shape comes from the config.json that mt_train writes into its --save-dir.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -18,8 +18,8 @@
 #include "train/model_directory.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Write the model of a gpt_train checkpoint as a model directory"};
-  example::setup(app, "gpt_export");
+  CLI::App app{"Write the model of a mt_train checkpoint as a model directory"};
+  example::setup(app, "mt_export");
   std::string checkpoint, out, config_path, tokenizer_dir;
   app.add_option("--checkpoint", checkpoint, "a checkpoint file, or a --save-dir (its newest checkpoint)")
       ->required()
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--tokenizer", tokenizer_dir,
                  "copy the tokenizer files from this directory (default: the checkpoint's directory, where "
-                 "gpt_train --init-from put them)")
+                 "mt_train --init-from put them)")
       ->check(CLI::ExistingDirectory);
   CLI11_PARSE(app, argc, argv);
 
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     const std::string directory = fs::path(file).parent_path().string();
     if (config_path.empty()) config_path = (fs::path(directory) / "config.json").string();
     MT_CHECK_T(mt::FileError, fs::exists(config_path), config_path,
-               ": no model config here; pass --config (gpt_train writes one into its --save-dir)");
+               ": no model config here; pass --config (mt_train writes one into its --save-dir)");
     mt::nn::GPT model(mt::nn::GPTConfig::from_json_file(config_path));
     mt::TrainingState state{&model, nullptr, nullptr, nullptr, {}};
     mt::load_training_checkpoint(file, state);
@@ -60,11 +60,11 @@ int main(int argc, char** argv) {
         mt::train::copy_tokenizer_files(tokenizer_dir.empty() ? directory : tokenizer_dir, out);
     const auto step = state.extra.count("step") ? static_cast<long long>(state.extra.at("step")) : -1LL;
     std::printf(
-        "gpt_export: step %lld of %s -> %s (%s parameters%s)\n", step, file.c_str(), out.c_str(),
+        "mt_export: step %lld of %s -> %s (%s parameters%s)\n", step, file.c_str(), out.c_str(),
         mt::with_commas(model.num_parameters()).c_str(),
         copied.empty() ? ", no tokenizer files" : (", " + std::to_string(copied.size()) + " tokenizer files").c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_export: %s\n", e.what());
+    std::fprintf(stderr, "mt_export: %s\n", e.what());
     return 2;
   }
   return 0;
