@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "autograd/autocast.h"
 #include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
@@ -27,13 +28,20 @@ Tensor heads(const Tensor& x, int64_t n, int64_t d) {
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) { weight = register_parameter("weight", ones({dim})); }
 
+// Every RMSNorm of these models feeds only GEMMs (q/k/v, gate/up, the head): under autocast the
+// norm writes the autocast dtype itself, the values of its f32 output cast once, instead of each
+// projection casting the same f32 activation again.
 Tensor RMSNorm::forward(const Tensor& x) const {
   const auto scope = trace_scope();
+  const DeviceType device = x.device().type;
+  if (autocast::is_enabled(device)) return rms_norm(x, weight, eps, autocast::dtype(device));
   return rms_norm(x, weight, eps);
 }
 
 AddNorm RMSNorm::forward_add(const Tensor& x, const Tensor& delta) const {
   const auto scope = trace_scope();
+  const DeviceType device = x.device().type;
+  if (autocast::is_enabled(device)) return add_rms_norm(x, delta, weight, eps, autocast::dtype(device));
   return add_rms_norm(x, delta, weight, eps);
 }
 
