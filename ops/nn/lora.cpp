@@ -10,6 +10,7 @@
 #include <typeinfo>
 #include <utility>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
 #include "core/format.h"
@@ -18,6 +19,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/matmul/matmul.h"
 #include "ops/nn/adapter_config.h"
+#include "ops/shape/shape.h"
 
 namespace mt::nn {
 
@@ -289,7 +291,13 @@ Tensor LoRALinear::forward(const Tensor& x) const {
   if (merged_) return linear(x, weight, bias);                   // [..., out]
   const Tensor h = dropout(x, options_.dropout, is_training());  // x itself when p = 0 or in eval
   // One op: the adapter's product is added onto the base's output by its last GEMM.
-  return lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
+  const Tensor y = lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
+  // Outside autocast, f32 factors over a half-precision base would widen the layer's output and
+  // everything after it: the output keeps the base's dtype, as the layer without adapters (PEFT too).
+  if (y.dtype() != x.dtype() && x.dtype() == weight.dtype() && !autocast::is_enabled(x.device().type)) {
+    return cast(y, x.dtype());
+  }
+  return y;
 }
 
 Tensor LoRALinear::delta() const {

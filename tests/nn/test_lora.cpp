@@ -91,6 +91,21 @@ TEST(LoraLayer, TakesOverTheBaseTensorsFrozenWithPeftInit) {
   EXPECT_EQ(max_abs(layer.lora_B->weight), 0.0);
 }
 
+// A bf16 base outside autocast: the f32 factors train in f32, and the layer's output keeps the
+// base's dtype, as without adapters (the next bf16 op takes it).
+TEST(LoraLayer, HalfBaseOutsideAutocastKeepsItsOutputDtypeAndTrainsF32Factors) {
+  Single m(/*in=*/8, /*out=*/4, DType::bf16);
+  apply_lora(m, lora_options(2, 4, {"proj"}));
+  const LoRALinear& layer = dynamic_cast<const LoRALinear&>(*m.proj);
+  layer.lora_B->weight.detach().fill_(0.5);
+  const Tensor x = randn({3, 8}, DType::bf16);
+  const Tensor y = layer.forward(x);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  sum(y).backward();
+  EXPECT_EQ(layer.lora_A->weight.grad().dtype(), DType::f32);
+  EXPECT_GT(max_abs(layer.lora_A->weight.grad()), 0.0);
+}
+
 TEST(LoraLayer, InvalidOptionsAreRejected) {
   Single m(4, 3, DType::f32);
   LoRAOptions o = lora_options(0, 8, {"proj"});
