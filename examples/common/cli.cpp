@@ -74,6 +74,17 @@ CLI::Validator range(double low, double high) {
       format("%g..%g", low, high));
 }
 
+CLI::Validator above_zero_up_to(double high) {
+  const std::string bound = format("%g", high);
+  return CLI::Validator(
+      [high, bound](std::string& input) {
+        double value = 0;
+        if (CLI::detail::lexical_cast(input, value) && value > 0 && value <= high) return std::string();
+        return "expected a number above 0, at most " + bound + ", got " + shown(input);
+      },
+      "(0.." + bound + "]");
+}
+
 CLI::Validator one_of(std::initializer_list<const char*> words) {
   const std::vector<std::string> accepted(words.begin(), words.end());
   std::string listed;

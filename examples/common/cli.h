@@ -47,6 +47,7 @@ void setup(CLI::App& app, const std::string& program);
 CLI::Validator positive();                                        // > 0
 CLI::Validator non_negative();                                    // >= 0
 CLI::Validator range(double low, double high);                    // "expected a number from 0 to 0.99, got 2"
+CLI::Validator above_zero_up_to(double high);                     // "expected a number above 0, at most 1, got 0"
 CLI::Validator one_of(std::initializer_list<const char*> words);  // "expected auto, off, bf16 or fp16, got fp8"
 
 constexpr uint64_t kDefaultSeed = 1337;

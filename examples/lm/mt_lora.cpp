@@ -64,12 +64,13 @@ int main(int argc, char** argv) {
     mt::tok::check_vocab_fits(*tokenizer, model->vocab_size(), "mt_lora");
     model->to(placement.device);
     model->eval();
+    lm_example::SampleOptions sampling;  // temperature 0.8, top-k 40
+    sampling.new_tokens = sample_tokens;
+    sampling.seed = train_flags.seed;
     auto sample = [&](const char* when) {
       if (sample_tokens == 0 || !placement.is_main()) return;
       std::printf("mt_lora: sample %s fine-tuning:\n%s\n", when,
-                  lm_example::sample_text(*model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8, /*top_k=*/40,
-                                          train_flags.seed)
-                      .c_str());
+                  lm_example::sample_text(*model, *tokenizer, prompt, sampling).c_str());
     };
     sample("before");
     std::optional<double> val_before;
@@ -109,8 +110,9 @@ int main(int argc, char** argv) {
     if (!merged_out.empty()) {
       mt::nn::merge_and_unload(*model);
       model->save_pretrained(merged_out);
-      mt::train::copy_tokenizer_files(tokenizer_path.empty() ? base : lm_example::tokenizer_directory(tokenizer_path),
-                                      merged_out);
+      const std::string tokenizer_dir =
+          tokenizer_path.empty() ? base : lm_example::tokenizer_directory(tokenizer_path);  // "": bytes
+      if (!tokenizer_dir.empty()) mt::train::copy_tokenizer_files(tokenizer_dir, merged_out);
       std::printf("mt_lora: merged model saved to %s\n", merged_out.c_str());
     }
   } catch (const std::exception& e) {

@@ -18,7 +18,6 @@
 
 #include "core/atomic_file.h"
 #include "examples/lm/trainer.h"
-#include "ops/nn/llama.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
 
@@ -80,11 +79,10 @@ int main(int argc, char** argv) {
     if (!init_from.empty()) {
       loaded = mt::nn::load_causal_lm(init_from);
       loaded->to(mt::DType::f32);  // every weight trains: f32 master weights, whatever the checkpoint's dtype
-    } else if (config_path.empty() || mt::nn::model_type_of(config_path) == "gpt2") {
-      if (!config_path.empty()) config = mt::nn::GPTConfig::from_json_file(config_path);
-      loaded = std::make_shared<mt::nn::GPT>(config, &init);
+    } else if (!config_path.empty()) {
+      loaded = lm_example::model_from_config(config_path, &init);
     } else {
-      loaded = std::make_shared<mt::nn::Llama>(mt::nn::LlamaConfig::from_json_file(config_path), &init);
+      loaded = std::make_shared<mt::nn::GPT>(config, &init);
     }
     mt::nn::CausalLM& model = *loaded;
     mt::tok::check_vocab_fits(*tokenizer, model.vocab_size(), "mt_train");
@@ -120,10 +118,10 @@ int main(int argc, char** argv) {
                 result.seconds, out.c_str());
     if (sample_tokens > 0) {
       model.eval();
-      std::printf("mt_train: sample:\n%s\n",
-                  lm_example::sample_text(model, *tokenizer, prompt, sample_tokens, /*temperature=*/0.8,
-                                          /*top_k=*/40, train_flags.seed)
-                      .c_str());
+      lm_example::SampleOptions sampling;  // temperature 0.8, top-k 40
+      sampling.new_tokens = sample_tokens;
+      sampling.seed = train_flags.seed;
+      std::printf("mt_train: sample:\n%s\n", lm_example::sample_text(model, *tokenizer, prompt, sampling).c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mt_train: %s\n", e.what());

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 
 #include <filesystem>
 
 #include "core/data/token_corpus.h"
 #include "core/data/token_dataset.h"
 #include "core/nvtx.h"
+#include "ops/nn/llama.h"
 #include "ops/ops.h"
 #include "train/data_source.h"
 #include "train/throughput.h"
@@ -212,33 +214,121 @@ std::string tokenizer_directory(const std::string& flag) {
   return std::filesystem::is_directory(flag) ? flag : std::filesystem::path(flag).parent_path().string();
 }
 
-std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
-                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed) {
-  mt::tok::check_vocab_fits(tokenizer, model.vocab_size(), "sampling");
-  const std::vector<mt::tok::TokenId> encoded = tokenizer.encode(prompt, /*add_special_tokens=*/true);
-  std::vector<int64_t> ids(encoded.begin(), encoded.end());
-  mt::Generator generator(seed);
-  mt::nn::GenerateOptions options;
-  options.max_new_tokens = new_tokens;
-  options.temperature = temperature;
-  options.top_k = top_k;
-  const std::vector<int64_t> out = mt::nn::generate(model, ids, options, &generator);
-  std::vector<mt::tok::TokenId> out_ids;
-  for (const int64_t id : out) {
-    // A model may have more rows than its tokenizer has ids (padded vocabularies): such ids are not text.
-    if (id < tokenizer.vocab_size()) out_ids.push_back(static_cast<mt::tok::TokenId>(id));
+std::shared_ptr<mt::nn::CausalLM> model_from_config(const std::string& config_path, mt::Generator* generator) {
+  const std::string type = mt::nn::model_type_of(config_path);
+  if (type == "gpt2" || type.empty()) {  // GPT-2 configs may omit model_type
+    return std::make_shared<mt::nn::GPT>(mt::nn::GPTConfig::from_json_file(config_path), generator);
   }
-  std::string text;
-  for (unsigned char c : tokenizer.decode(out_ids, /*skip_special_tokens=*/true)) {
+  MT_CHECK_T(mt::FileError, type == "llama" || type == "mistral" || type == "qwen2", config_path, ": model_type \"",
+             type, "\" is not supported (gpt2, llama, mistral, qwen2)");
+  return std::make_shared<mt::nn::Llama>(mt::nn::LlamaConfig::from_json_file(config_path), generator);
+}
+
+namespace {
+
+// Control characters other than newline and tab as "\x1b", byte by byte, so that pieces of a
+// text come out as the whole does.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
     if (c == '\n' || c == '\t' || (c >= 0x20 && c != 0x7f)) {
-      text += static_cast<char>(c);
+      out += ch;
     } else {
       char buf[8];
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      text += buf;
+      out += buf;
     }
   }
-  return text;
+  return out;
+}
+
+// Note [Streaming decoded text]: a token may end inside a character. Byte-level BPE and the byte
+// tokenizer give some characters one byte per token, and SentencePiece spells rare ones as byte
+// tokens ("<0xE2>"); a decoder also depends on a token's neighbours (SentencePiece drops the
+// space of the first piece only). So the ids drawn so far are decoded together, and what is
+// printed is the text past what has been printed, less a tail that may still become a character:
+// trailing U+FFFD (what a decoder gives for bytes that are not a character yet) or the start of
+// a UTF-8 sequence without all its bytes (the byte tokenizer's decode keeps bytes as they are).
+// That tail is printed once a later token completes it, or at the end, as it is. The decoded
+// text of the ids before a new one never changes with it (each decoder here is prefix-stable),
+// so the pieces add up to the text of all the ids.
+
+// The length of the part of `text` that no later token can change (see the note above).
+size_t settled_length(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  size_t end = text.size();
+  while (end >= kReplacement.size() &&
+         text.compare(end - kReplacement.size(), kReplacement.size(), kReplacement) == 0) {
+    end -= kReplacement.size();
+  }
+  if (end < text.size()) return end;
+  for (size_t back = 1; back <= 3 && back <= end; ++back) {
+    const auto c = static_cast<unsigned char>(text[end - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back for the lead
+    const size_t needed = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return back < needed ? end - back : end;
+  }
+  return end;
+}
+
+}  // namespace
+
+std::string TextStream::give_out(bool all) {
+  const std::string decoded = tokenizer_.decode(ids_, /*skip_special_tokens=*/true);
+  const size_t settled = all ? decoded.size() : settled_length(decoded);
+  if (settled <= shown_) return "";
+  std::string piece = printable(std::string_view(decoded).substr(shown_, settled - shown_));
+  shown_ = settled;
+  text_ += piece;
+  return piece;
+}
+
+std::string TextStream::add(const std::vector<int64_t>& ids) {
+  for (const int64_t id : ids) {
+    if (id >= 0 && id < tokenizer_.vocab_size()) ids_.push_back(static_cast<mt::tok::TokenId>(id));
+  }
+  return give_out(/*all=*/false);
+}
+
+std::string TextStream::finish() { return give_out(/*all=*/true); }
+
+SampleResult sample(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+                    const SampleOptions& options, const std::function<void(const std::string&)>& on_text) {
+  mt::tok::check_vocab_fits(tokenizer, model.vocab_size(), "sampling");
+  const std::vector<mt::tok::TokenId> encoded = tokenizer.encode(prompt, /*add_special_tokens=*/true);
+  const std::vector<int64_t> ids(encoded.begin(), encoded.end());
+  SampleResult result;
+  result.prompt_tokens = static_cast<int64_t>(ids.size());
+  TextStream stream(tokenizer);
+  const auto give = [&](const std::string& piece) {
+    if (on_text && !piece.empty()) on_text(piece);
+  };
+  give(stream.add(ids));
+
+  mt::nn::GenerateOptions generate;
+  generate.max_new_tokens = options.new_tokens;
+  generate.temperature = options.temperature;
+  generate.top_k = options.top_k;
+  generate.top_p = options.top_p;
+  generate.stop_token = options.stop_token;
+  generate.use_cache = options.use_cache;
+  generate.on_token = [&](int64_t id) {
+    ++result.new_tokens;
+    give(stream.add({id}));
+  };
+  mt::Generator generator(options.seed);
+  const auto start = std::chrono::steady_clock::now();
+  mt::nn::generate(model, ids, generate, &generator);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  give(stream.finish());
+  result.text = stream.text();
+  return result;
+}
+
+std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+                        const SampleOptions& options) {
+  return sample(model, tokenizer, prompt, options).text;
 }
 
 }  // namespace lm_example

@@ -7,12 +7,16 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/format.h"
+#include "core/random.h"
 #include "examples/common/cli.h"
+#include "ops/nn/causal_lm.h"
 #include "ops/nn/gpt.h"
 #include "tokenizers/tokenizer.h"
 #include "train/trainer.h"
@@ -74,9 +78,57 @@ std::unique_ptr<mt::tok::Tokenizer> tokenizer_for(const std::string& flag, const
 // The directory whose tokenizer files describe `flag`'s tokenizer ("" for the byte tokenizer).
 std::string tokenizer_directory(const std::string& flag);
 
-// A sample continuation of `prompt`, decoded as text (control characters are escaped).
+// A model of the type `config_path` (a Hugging Face config.json) names, randomly initialised from
+// `generator`: GPT-2 for "gpt2" (or no model_type), Llama for "llama", "mistral" and "qwen2".
+// Any other type is a FileError naming the config.
+std::shared_ptr<mt::nn::CausalLM> model_from_config(const std::string& config_path, mt::Generator* generator);
+
+// How to draw a continuation: mt::nn::GenerateOptions' knobs and the sampling seed.
+struct SampleOptions {
+  int64_t new_tokens = 200;
+  double temperature = 0.8;  // 0: greedy
+  int64_t top_k = 40;        // 0: the whole vocabulary
+  double top_p = 1.0;        // nucleus; 1: off
+  std::optional<int64_t> stop_token;
+  bool use_cache = true;
+  uint64_t seed = example::kDefaultSeed;
+};
+
+struct SampleResult {
+  std::string text;           // the prompt and its continuation, as printable text (see sample)
+  int64_t prompt_tokens = 0;  // the prompt's ids, special tokens included
+  int64_t new_tokens = 0;     // drawn, the stop token included; fewer than asked when it came
+  double seconds = 0;         // drawing them (the prompt's forward pass included)
+};
+
+// The text of a growing list of token ids, given out piece by piece as ids are added: each piece
+// printable (control characters other than newline and tab escaped as "\x1b"), special tokens
+// skipped, and never ending inside a UTF-8 character while more ids may come (Note [Streaming
+// decoded text] in trainer.cpp).
+class TextStream {
+ public:
+  explicit TextStream(const mt::tok::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  // Adds `ids` and returns the text they complete ("" while a character is unfinished). Ids the
+  // tokenizer does not have are skipped: a model may have more rows than its tokenizer has ids.
+  std::string add(const std::vector<int64_t>& ids);
+  std::string finish();                              // the text held back, as it is
+  const std::string& text() const { return text_; }  // the pieces so far, together
+
+ private:
+  std::string give_out(bool all);
+  const mt::tok::Tokenizer& tokenizer_;
+  std::vector<mt::tok::TokenId> ids_;
+  size_t shown_ = 0;  // bytes of the decoded text given out
+  std::string text_;
+};
+
+// A continuation of `prompt`, as text (TextStream's). With `on_text`, the text is also given
+// piece by piece as it is drawn: first the prompt's, then what each token adds.
+SampleResult sample(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
+                    const SampleOptions& options, const std::function<void(const std::string&)>& on_text = {});
+// sample(...).text
 std::string sample_text(const mt::nn::CausalLM& model, const mt::tok::Tokenizer& tokenizer, const std::string& prompt,
-                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed);
+                        const SampleOptions& options);
 
 using mt::with_commas;  // "1,234,567"
 

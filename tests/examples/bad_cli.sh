@@ -60,6 +60,7 @@ check() {
 train=("$bin/mt_train" --device cpu --out "$w/out" --layers 1 --sample-tokens 0)
 lora=("$bin/mt_lora" --device cpu --adapter-out "$w/adapter_out" --sample-tokens 0)
 generate=("$bin/mt_generate" --device cpu --tokens 4)
+merge=("$bin/mt_merge" --device cpu --out "$w/merged_out")
 
 # Arguments.
 check steps_negative "mt_train: --steps: expected a positive number, got -1" "${train[@]}" --data "$w/a.tok" \
@@ -79,6 +80,18 @@ check cuda_graph_on_cpu "mt_train: --cuda-graph needs a CUDA device" "${train[@]
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
+check top_p_zero "mt_generate: --top-p: expected a number above 0, at most 1, got 0" "${generate[@]}" \
+  --model "$w/model" --top-p 0
+check dtype_unknown "mt_generate: --dtype: expected auto, f32 or bf16, got f16" "${generate[@]}" --model "$w/model" \
+  --dtype f16
+check stop_not_one_token "mt_generate: --stop 'ab': not one token (the tokenizer makes 2 of it: [97, 98])" \
+  "${generate[@]}" --model "$w/model" --stop ab
+check stop_id_outside_the_vocabulary \
+  "mt_generate: --stop 300: not a token id of this model (its vocabulary has 256 ids)" "${generate[@]}" \
+  --model "$w/model" --stop 300
+check merge_adapter_required "mt_merge: --adapter is required" "${merge[@]}" --model "$w/model"
+check merge_out_is_the_base "mt_merge: --out $w/model is the base model's directory" "${merge[@]}" \
+  --model "$w/model" --adapter "$w/wide_adapter" --out "$w/model"
 
 # Numbers out of range: the flag, the accepted range and the value (not CLI11's "Value 2 not in range ...").
 check dropout_out_of_range "mt_train: --dropout: expected a number from 0 to 0.99, got 1.5" "${train[@]}" \
@@ -105,11 +118,12 @@ args_for() {
     mt_train) args=(--data "$w/a.tok" --out "$w/out" --layers 1 --heads 2 --embd 16) ;;
     mt_lora) args=(--data "$w/a.tok" --base "$w/model" --adapter-out "$w/adapter_out") ;;
     mt_generate) args=(--model "$w/model") ;;
+    mt_merge) args=(--model "$w/wide" --adapter "$w/wide_adapter" --out "$w/merged_out") ;;
     *) args=() ;;
   esac
 }
-for p in "$bin/mlp" "$bin/mt_train" "$bin/mt_lora" "$bin/mt_generate" "$tools/gpt_step" "$tools/mlp_step" \
-  "$tools/op_bench"; do
+for p in "$bin/mlp" "$bin/mt_train" "$bin/mt_lora" "$bin/mt_generate" "$bin/mt_merge" "$tools/gpt_step" \
+  "$tools/mlp_step" "$tools/op_bench"; do
   name=$(basename "$p")
   args_for "$name"
   check "${name}_device_unknown" "$name: --device: expected auto, cpu, cuda or cuda:N, got tpu" "$p" "${args[@]}" \
@@ -178,11 +192,24 @@ check weights_not_safetensors "$w/text_model/model.safetensors: safetensors head
   --model "$w/text_model"
 check adapter_missing "--adapter: Directory does not exist: $w/nowhere" "${generate[@]}" --model "$w/model" \
   --adapter "$w/nowhere"
+check merge_model_missing "mt_merge: --model: Directory does not exist: $w/nowhere" "${merge[@]}" \
+  --model "$w/nowhere" --adapter "$w/wide_adapter"
+check merge_adapter_missing "mt_merge: --adapter: Directory does not exist: $w/nowhere" "${merge[@]}" \
+  --model "$w/model" --adapter "$w/nowhere"
+check merge_model_without_config "mt_merge: $w/empty/config.json: cannot open the model config" "${merge[@]}" \
+  --model "$w/empty" --adapter "$w/wide_adapter"
+check merge_adapter_files_missing "mt_merge: load_adapter: $w/empty/adapter_config.json: does not exist" \
+  "${merge[@]}" --model "$w/model" --adapter "$w/empty"
 check adapter_files_missing "load_adapter: $w/empty/adapter_config.json: does not exist" "${generate[@]}" \
   --model "$w/model" --adapter "$w/empty"
 expected="$w/wide_adapter/adapter_model.safetensors: 'base_model.model.transformer.h.0.attn.c_attn.lora_A.weight'"
 check adapter_of_another_base "$expected has shape [2, 32] in the file but [2, 16] in the model" "${generate[@]}" \
   --model "$w/model" --adapter "$w/wide_adapter"
+check merge_adapter_of_another_base \
+  "mt_merge: load_adapter: $expected has shape [2, 32] in the file but [2, 16] in the model" "${merge[@]}" \
+  --model "$w/model" --adapter "$w/wide_adapter"
+[[ ! -e "$w/merged_out" ]] ||
+  { echo "FAIL merge_adapter_of_another_base: $w/merged_out was written"; failed=$((failed + 1)); }
 
 # Training checkpoints (--resume reads the newest in --save-dir).
 expected="$w/wide_ck/$ckpt: not a usable training checkpoint: load_state_dict: 'transformer.h.0.attn.c_attn.bias'"

@@ -27,7 +27,8 @@ default() {
   done
 }
 trainers=("$bin/mlp" "$bin/mt_train" "$bin/mt_lora")
-default --device auto "${trainers[@]}" "$bin/mt_generate" "$tools/gpt_step" "$tools/mlp_step" "$tools/op_bench"
+default --device auto "${trainers[@]}" "$bin/mt_generate" "$bin/mt_merge" "$tools/gpt_step" "$tools/mlp_step" \
+  "$tools/op_bench"
 default --amp auto "${trainers[@]}" "$tools/gpt_step"
 default --seed 1337 "${trainers[@]}" "$bin/mt_generate"
 default --save-every 0 "${trainers[@]}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# mt_export and mt_train --init-from: the model exported from the last checkpoint of a run is
-# the model the run saved (bit for bit); --init-from continues from a model directory and carries
-# its tokenizer files to the new model and checkpoint directories; errors name what is missing.
-#   mt_export.sh <bin dir> <work dir>
+# mt_export and mt_train --init-from: the model exported from the last checkpoint of a run is the
+# model the run saved (bit for bit), for a GPT-2 and for a Llama; --init-from continues from a
+# model directory and carries its tokenizer files to the new model and checkpoint directories;
+# errors name what is missing.
+#   export.sh <bin dir> <work dir>
 set -uo pipefail
 bin=$1 work=$2
 fail() { echo "FAIL: $*"; exit 1; }
@@ -19,6 +20,21 @@ train=("$bin/mt_train" --device cpu --data "$work/a.tok" --seq-len 16 --batch-si
 grep -q "mt_export: step 4 of .*step-000000004.safetensors" "$work/export.log" || { cat "$work/export.log"; fail "export line"; }
 cmp "$work/model/model.safetensors" "$work/exported/model.safetensors" || fail "the exported weights differ"
 cmp "$work/model/config.json" "$work/exported/config.json" || fail "the exported config differs"
+
+# A Llama from its config.json: the type comes from the config.json in the --save-dir.
+cat >"$work/llama.json" <<'JSON'
+{"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+ "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+"${train[@]}" --config "$work/llama.json" --out "$work/llama" --save-dir "$work/llama_ck" >"$work/llama.log" ||
+  { cat "$work/llama.log"; fail "training a Llama"; }
+"$bin/mt_export" --checkpoint "$work/llama_ck" --out "$work/llama_exported" >"$work/llama_export.log" ||
+  { cat "$work/llama_export.log"; fail "export of a Llama"; }
+grep -q "mt_export: step 4 of .*step-000000004.safetensors -> .* (llama, " "$work/llama_export.log" ||
+  { cat "$work/llama_export.log"; fail "Llama export line"; }
+cmp "$work/llama/model.safetensors" "$work/llama_exported/model.safetensors" || fail "the exported Llama weights differ"
+cmp "$work/llama/config.json" "$work/llama_exported/config.json" || fail "the exported Llama config differs"
 
 # --init-from: the architecture and the tokenizer files come from the directory.
 printf '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}}\n' >"$work/model/tokenizer.json"
@@ -39,4 +55,8 @@ grep -q "no checkpoint (step-\*.safetensors) in it" <<<"$out" || fail "empty dir
 cp "$work/ck/step-000000004.safetensors" "$work/empty/"
 out=$("$bin/mt_export" --checkpoint "$work/empty" --out "$work/x" 2>&1) && fail "export without a config ran"
 grep -q "config.json: no model config here; pass --config" <<<"$out" || fail "missing config message: $out"
-echo "mt_export: the exported model equals the saved one; --init-from keeps the shape and the tokenizer files"
+printf '{"model_type": "bert"}\n' >"$work/empty/config.json"
+out=$("$bin/mt_export" --checkpoint "$work/empty" --out "$work/x" 2>&1) && fail "export of a bert ran"
+grep -q "config.json: model_type \"bert\" is not supported (gpt2, llama, mistral, qwen2)" <<<"$out" ||
+  fail "unsupported type message: $out"
+echo "export: the exported GPT-2 and Llama equal the saved ones; --init-from keeps the shape and the tokenizer files"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPT programs end to end, small: tokenize two texts, pretrain on one, LoRA-fine-tune on
-# the other, sample with the adapter (unmerged and merged: the same text), and load the merged
-# model. Fails unless each program succeeds and both training losses fall.
+# The language-model programs end to end with a small GPT-2: tokenize two texts, pretrain on one,
+# LoRA-fine-tune on the other, sample with the adapter (unmerged and merged: the same text), and
+# load the merged model. Fails unless each program succeeds and both training losses fall. The
+# samples are in f32 (--dtype f32), so that merging changes no greedy choice on a GPU either.
 #   gpt_pipeline.sh <bin dir> <device> <work dir>
 set -euo pipefail
 bin=$1 device=$2 work=$3
@@ -33,7 +34,7 @@ for f in adapter/adapter_config.json adapter/adapter_model.safetensors merged/co
   [[ -s "$work/$f" ]] || { echo "FAIL: $f was not written"; exit 1; }
 done
 
-sample=(--device "$device" --prompt "sub " --tokens 30 --temperature 0)
+sample=(--device "$device" --dtype f32 --prompt "sub " --tokens 30 --temperature 0)
 unmerged=$("$bin/mt_generate" --model "$work/model" --adapter "$work/adapter" "${sample[@]}")
 merged=$("$bin/mt_generate" --model "$work/model" --adapter "$work/adapter" --merge "${sample[@]}")
 saved=$("$bin/mt_generate" --model "$work/merged" "${sample[@]}")
