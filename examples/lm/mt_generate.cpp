@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stop,
                  "stop after this token: its id or its text (one token); default: the tokenizer's end-of-text "
                  "token, if it has one; none: never");
-  app.add_flag("--no-cache", no_cache, "no KV cache: run the whole context for every token (slower, same text)");
+  app.add_flag("--no-cache", no_cache, "no KV cache: run the whole context again for every token (slower)");
   example::add_seed(app, sampling.seed, "sampling");
   CLI11_PARSE(app, argc, argv);
 
