@@ -441,6 +441,10 @@ bool gemm_typed(const GemmProblem& p) {
 
 }  // namespace
 
+void* cublaslt_handle(int device) { return handle_for(device); }
+void* cublaslt_workspace(int device) { return workspace_for(device, cuda::current_stream(device)); }
+size_t cublaslt_workspace_bytes() { return kWorkspaceBytes; }
+
 bool gemm_cuda(const GemmProblem& p) {
   // Dispatched on the inputs' dtype: C may be f32 for f16/bf16 inputs (see gemm_typed).
   bool done = true;

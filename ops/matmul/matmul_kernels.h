@@ -14,6 +14,7 @@
 // GemmProblem whose operands are all readable.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -149,5 +150,13 @@ void gemm_cpu(const GemmProblem& p);
 // was asked for and cuBLASLt has no algorithm with it for this problem; gemm() then runs the
 // plain GEMM and does the epilogue's work itself.
 bool gemm_cuda(const GemmProblem& p);
+
+// The cuBLASLt state gemm_cuda keeps, for the other cuBLASLt callers (ops/fp8): the handle of
+// `device` (a cublasLtHandle_t, created on first use and kept for the process) and the workspace of
+// (device, its current stream), 256-byte aligned, of cublaslt_workspace_bytes() bytes. One
+// workspace per stream serves every GEMM on it, as stream order keeps them apart.
+void* cublaslt_handle(int device);
+void* cublaslt_workspace(int device);
+size_t cublaslt_workspace_bytes();
 
 }  // namespace mt::ops
