@@ -22,24 +22,16 @@
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "ops/fp8/fp8_kernels.h"
+#include "ops/matmul/cublaslt_descriptors.h"
 #include "ops/matmul/matmul_kernels.h"
 
 namespace mt::ops {
 
 namespace {
 
-struct DescDeleter {
-  void operator()(cublasLtMatmulDesc_t p) const { cublasLtMatmulDescDestroy(p); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t p) const { cublasLtMatrixLayoutDestroy(p); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using Desc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, DescDeleter>;
-using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
-using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
+using Desc = lt::MatmulDesc;
+using lt::Layout;
+using lt::Preference;
 
 cudaDataType_t lt_type(DType dtype) {
   if (dtype == DType::f8e4m3) return CUDA_R_8F_E4M3;

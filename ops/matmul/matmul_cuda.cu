@@ -33,6 +33,7 @@
 #include "core/dispatch.h"
 #include "ops/backends.h"
 #include "ops/common.h"
+#include "ops/matmul/cublaslt_descriptors.h"
 #include "ops/matmul/matmul_kernels.h"
 
 namespace mt::ops {
@@ -47,20 +48,9 @@ constexpr size_t kWorkspaceAlignment = 256;           // cuBLASLt wants a 256-by
 // run under cuda::DeviceGuard.
 using cuda::DeviceGuard;
 
-// ---- descriptors (RAII) ----
-
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t p) const { cublasLtMatrixLayoutDestroy(p); }
-};
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDesc_t p) const { cublasLtMatmulDescDestroy(p); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
-using MatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
-using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
+using lt::Layout;
+using lt::MatmulDesc;
+using lt::Preference;
 
 template <typename T>
 constexpr cudaDataType_t cuda_type() {
