@@ -17,6 +17,7 @@ Usage (after building): python3 tools/parity/llama_parity.py --bin build/tools/l
 Exit status 0 when every check passes. TF32 is off.
 """
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -120,9 +121,10 @@ def main():
                 if device == "cuda":
                     run([args.bin, "--model", directory, "--ids", os.path.join(work, "ids.safetensors"), "--out", out,
                          "--device", device, "--dtype", "bf16"])
+                    # A copy: casting the model itself to bf16 and back would leave its weights rounded
+                    # for the checks after this one.
                     with torch.no_grad():
-                        hf_bf16 = model.to("cuda", torch.bfloat16)(ids.cuda()).logits.float().cpu()
-                    model.to("cpu", torch.float32)
+                        hf_bf16 = copy.deepcopy(model).to("cuda", torch.bfloat16)(ids.cuda()).logits.float().cpu()
                     hf_error = relative_error(hf_bf16, theirs)
                     checks.append((f"bf16 cuda (transformers' bf16 error {hf_error:.2e})",
                                    relative_error(load_file(out)["logits"], theirs), 2 * hf_error))
