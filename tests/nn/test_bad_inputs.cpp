@@ -15,6 +15,7 @@
 #include "optim/adamw.h"
 #include "optim/training_checkpoint.h"
 #include "tests/nn/tiny_gpt.h"
+#include "tests/nn/tiny_llama.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
@@ -159,15 +160,7 @@ TEST(BadInputs, AdapterForAnotherArchitectureNamesTheFileAndTheTargets) {
   apply_lora(gpt, lora);
   save_adapter(gpt, dir);
 
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.intermediate_size = 40;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32;
-  Llama llama(c);
+  Llama llama(tiny_llama_config());
   const std::string msg = error_message_of([&] { load_adapter(llama, dir); });
   EXPECT_TRUE(contains(msg, dir)) << msg;
   EXPECT_TRUE(contains(msg, "c_attn")) << msg;

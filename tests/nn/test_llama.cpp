@@ -11,25 +11,13 @@
 #include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/llama.h"
 #include "ops/ops.h"
+#include "tests/nn/tiny_llama.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
 namespace {
 
 namespace fs = std::filesystem;
-
-LlamaConfig tiny_config() {
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.intermediate_size = 40;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32;
-  c.rms_norm_eps = 1e-5;
-  return c;
-}
 
 class LlamaFiles : public ::testing::Test {
  protected:
@@ -54,7 +42,7 @@ Tensor ids_of(const std::vector<double>& values, int64_t b, int64_t t) {
 
 TEST(Llama, ParameterPathsAreTransformersAndGqaShapesFollowTheConfig) {
   Generator g(1);
-  Llama model(tiny_config(), &g);
+  Llama model(tiny_llama_config(), &g);
   const auto state = model.state_dict();
   EXPECT_EQ(state.at("model.layers.1.self_attn.q_proj.weight").shape(), (Shape{24, 24}));
   EXPECT_EQ(state.at("model.layers.1.self_attn.k_proj.weight").shape(), (Shape{8, 24}));  // 2 kv heads of 4
@@ -62,14 +50,14 @@ TEST(Llama, ParameterPathsAreTransformersAndGqaShapesFollowTheConfig) {
   EXPECT_EQ(state.at("lm_head.weight").shape(), (Shape{37, 24}));
   EXPECT_TRUE(state.count("model.norm.weight") && state.count("model.layers.0.post_attention_layernorm.weight"));
   EXPECT_FALSE(state.count("model.layers.0.self_attn.q_proj.bias"));
-  LlamaConfig tied = tiny_config();
+  LlamaConfig tied = tiny_llama_config();
   tied.tie_word_embeddings = true;
   EXPECT_FALSE(Llama(tied, &g).state_dict().count("lm_head.weight"));
 }
 
 TEST(Llama, EarlierLogitsDoNotDependOnLaterTokensAndIgnoredTargetsDoNotCount) {
   Generator g(2);
-  Llama model(tiny_config(), &g);
+  Llama model(tiny_llama_config(), &g);
   NoGradGuard no_grad;
   const auto a = model.forward(ids_of({1, 2, 3, 4, 5}, 1, 5)).to_vector<double>();
   const auto b = model.forward(ids_of({1, 2, 3, 9, 9}, 1, 5)).to_vector<double>();
@@ -84,7 +72,7 @@ TEST(Llama, EarlierLogitsDoNotDependOnLaterTokensAndIgnoredTargetsDoNotCount) {
 
 TEST(Llama, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameGreedyTokens) {
   Generator g(6);
-  LlamaConfig c = tiny_config();
+  LlamaConfig c = tiny_llama_config();
   c.rope_theta = 500000.0;
   Llama model(c, &g);
   model.eval();
@@ -127,7 +115,7 @@ TEST(Llama, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameGreedyTokens) {
 // run, bit for bit on the CPU and within bf16 autocast's rounding on CUDA (the recomputation's
 // GEMMs may take other cuBLASLt algorithms); 'selective' is refused naming the model type.
 void expect_checkpointing_changes_nothing(Device device, bool autocast, double tol) {
-  LlamaConfig c = tiny_config();
+  LlamaConfig c = tiny_llama_config();
   c.hidden_size = 64;
   c.num_attention_heads = 4;  // head_dim 16: cuDNN's fused attention on CUDA
   c.num_key_value_heads = 2;
@@ -209,7 +197,7 @@ TEST_F(LlamaFiles, ConfigErrorsNameTheFileAndTheField) {
 }
 
 TEST_F(LlamaFiles, SlidingWindowShorterThanTheSequenceIsRefused) {
-  LlamaConfig c = tiny_config();
+  LlamaConfig c = tiny_llama_config();
   c.model_type = "mistral";
   c.sliding_window = 4;
   Generator g(3);
@@ -224,7 +212,7 @@ TEST_F(LlamaFiles, SlidingWindowShorterThanTheSequenceIsRefused) {
 
 TEST_F(LlamaFiles, SavePretrainedShardedLoadsBackBitExactInItsDtype) {
   Generator g(4);
-  LlamaConfig c = tiny_config();
+  LlamaConfig c = tiny_llama_config();
   c.tie_word_embeddings = true;
   c.attention_bias = c.o_proj_bias = true;  // Llama's attention_bias: q, k, v and o
   Llama model(c, &g);
@@ -249,7 +237,7 @@ TEST_F(LlamaFiles, SavePretrainedShardedLoadsBackBitExactInItsDtype) {
 
 TEST_F(LlamaFiles, BadIndexesAndShardsNameTheFile) {
   Generator g(5);
-  Llama model(tiny_config(), &g);
+  Llama model(tiny_llama_config(), &g);
   const std::string dir = (dir_ / "model").string();
   model.save_pretrained(dir, 4000);
   const std::string index = dir + "/model.safetensors.index.json";
@@ -268,7 +256,7 @@ TEST_F(LlamaFiles, BadIndexesAndShardsNameTheFile) {
             std::string::npos);
   write_bytes(index, text);
   // A tensor of the wrong shape: the config says another width.
-  LlamaConfig other = tiny_config();
+  LlamaConfig other = tiny_llama_config();
   other.intermediate_size = 44;
   write_bytes(dir + "/config.json", other.to_json());
   const std::string message = error_message_of([&] { Llama::from_pretrained(dir); });
