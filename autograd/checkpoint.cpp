@@ -16,6 +16,17 @@ namespace mt {
 
 namespace {
 
+thread_local int t_segment_depth = 0;  // in_checkpointed_segment()
+
+// Counts a segment's pass for in_checkpointed_segment() while it lives.
+class SegmentPass {
+ public:
+  SegmentPass() { ++t_segment_depth; }
+  ~SegmentPass() { --t_segment_depth; }
+  SegmentPass(const SegmentPass&) = delete;
+  SegmentPass& operator=(const SegmentPass&) = delete;
+};
+
 // Where every default generator stands: restoring it replays the same random draws.
 class RngState {
  public:
@@ -125,6 +136,7 @@ class CheckpointBackward : public autograd::Node {
       GradModeGuard grad_on(true);
       AutocastGuard cpu(DeviceType::cpu, autocast_.cpu_dtype, autocast_.cpu_enabled);
       AutocastGuard cuda(DeviceType::cuda, autocast_.cuda_dtype, autocast_.cuda_enabled);
+      const SegmentPass pass;
       outputs = fn_(inputs);
     } catch (...) {
       now.restore();
@@ -166,6 +178,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;
+    const SegmentPass pass;
     outputs = fn(inputs);
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -178,6 +191,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   autograd::record(node, inputs, outputs);
   return outputs;
 }
+
+bool in_checkpointed_segment() { return t_segment_depth > 0; }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
   MT_CHECK(fn != nullptr, "checkpoint: the segment function is empty");

@@ -22,6 +22,9 @@
 //   differs raises an error naming the output, both shapes and both dtypes.
 // - Inputs must not be modified in place between forward and backward (caught, as for any
 //   saved tensor).
+// - An op whose state moves on at each call refuses to run in a segment (in_checkpointed_segment):
+//   FP8 autocast's Linear layers (ops/fp8/fp8_linear.h), whose recomputation could not repeat the
+//   first pass's scales.
 // Under NoGradGuard (evaluation) checkpoint just calls fn.
 // The recomputation is a range named "checkpoint recompute" (core/nvtx.h) while ranges are on.
 #pragma once
@@ -39,5 +42,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
 
 // One tensor in, one out.
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+// Whether this thread is running a segment's function with recording to come: its first,
+// unrecorded pass or its recomputation in backward (not the plain call under NoGradGuard).
+bool in_checkpointed_segment();
 
 }  // namespace mt

@@ -9,6 +9,7 @@
 #include "core/cuda_context.h"
 #include "core/random.h"
 #include "core/safetensors.h"
+#include "ops/nn/fp8_state_dict.h"
 
 namespace mt {
 
@@ -56,6 +57,7 @@ void save_training_checkpoint(const std::string& path, const TrainingState& stat
   if (state.optimizer) {
     for (const auto& [name, t] : state.optimizer->state_dict()) tensors["optim." + name] = t;
   }
+  for (const auto& [name, t] : nn::fp8_state_dict(*state.model)) tensors["fp8." + name] = t;
   std::map<std::string, std::string> meta = {{"format", kFormat}};
   if (state.scaler) {
     for (const auto& [k, v] : state.scaler->state_dict()) meta["scaler." + k] = exact(v);
@@ -79,12 +81,14 @@ void load_training_checkpoint(const std::string& path, TrainingState& state) {
     fail(path, "metadata 'format' is '" + (format == file.metadata.end() ? std::string("(missing)") : format->second) +
                    "', expected '" + kFormat + "'");
   }
-  std::map<std::string, Tensor> model, optim;
+  std::map<std::string, Tensor> model, optim, fp8;
   for (const auto& [name, t] : file.tensors) {
     if (name.rfind("model.", 0) == 0) {
       model[name.substr(6)] = t;
     } else if (name.rfind("optim.", 0) == 0) {
       optim[name.substr(6)] = t;
+    } else if (name.rfind("fp8.", 0) == 0) {
+      fp8[name.substr(4)] = t;
     } else {
       fail(path, "unexpected tensor '" + name + "'");
     }
@@ -105,6 +109,7 @@ void load_training_checkpoint(const std::string& path, TrainingState& state) {
   try {
     NoGradGuard no_grad;
     state.model->load_state_dict(model, /*strict=*/true);
+    nn::load_fp8_state_dict(*state.model, fp8);  // none saved: the layers start without, as the saved run did
     if (state.optimizer) state.optimizer->load_state_dict(optim);
     if (state.scaler) state.scaler->load_state_dict(scaler);
     if (state.scheduler) state.scheduler->load_state_dict(scheduler);

@@ -4,6 +4,8 @@
 //
 //   tensors   "model.<name>"       the module's state_dict (parameters and buffers)
 //             "optim.<name>"       the optimizer's state_dict (moments, step counts, master weights)
+//             "fp8.<name>"         the FP8 states of the model's Linear layers (ops/nn/fp8_state_dict.h),
+//                                  for those that ran in FP8; none for a model that never did
 //   metadata  "format"             "mixtrain-training-checkpoint-1"
 //             "scaler.<key>"       GradScaler::state_dict      (decimal text)
 //             "scheduler.<key>"    LRScheduler::state_dict

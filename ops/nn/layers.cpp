@@ -33,9 +33,24 @@ Linear::Linear(const Tensor& weight_, const Tensor& bias_) {
   if (bias_.defined()) bias = register_parameter("bias", bias_);
 }
 
+bool Linear::runs_fp8(const Tensor& x) const {
+  return !fp8_excluded && x.defined() && fp8_autocast_enabled(x.device().type);
+}
+
 Tensor Linear::forward(const Tensor& x) const {
   const auto scope = trace_scope();
-  return linear(x, weight, bias);
+  if (!runs_fp8(x)) return linear(x, weight, bias);
+  const Fp8Recipe& recipe = fp8_autocast_recipe(x.device().type);
+  if (!fp8_state) {
+    fp8_state = std::make_shared<Fp8LinearState>(recipe, x.device());
+  } else if (fp8_state->device != x.device()) {  // the module moved (Module::to): the state follows
+    auto moved = std::make_shared<Fp8LinearState>(fp8_state->recipe, x.device());
+    moved->load_state_dict(fp8_state->state_dict());
+    fp8_state = moved;
+  }
+  MT_CHECK(fp8_state->recipe == recipe, "Linear: this layer's FP8 state follows ", fp8_state->recipe.str(),
+           " but the Fp8AutocastGuard asks for ", recipe.str(), "; reset the layer's fp8_state to start over");
+  return fp8_linear(x, weight, bias, fp8_state);
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {

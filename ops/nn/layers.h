@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/random.h"
+#include "ops/fp8/fp8_linear.h"
 #include "ops/nn/module.h"
 #include "ops/norm/norm.h"
 
@@ -27,6 +29,8 @@ class LinearOptions {
 
 // y = x W^T + b; W [out, in] and b [out] drawn from U(-1/sqrt(in), 1/sqrt(in))
 // (kaiming_uniform with a = sqrt(5), PyTorch's default).
+// Under Fp8AutocastGuard (ops/fp8/fp8_autocast.h) forward runs fp8_linear with the layer's FP8
+// state, made at the first such forward; elsewhere, and when fp8_excluded is set, linear().
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options, Generator* generator = nullptr);
@@ -35,8 +39,16 @@ class Linear : public Module {
   // (LoRALinear) and factors made in a given dtype and device start from here.
   Linear(const Tensor& weight, const Tensor& bias);
   virtual Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
-  Tensor weight;                                  // [out, in]
-  Tensor bias;                                    // [out], undefined without bias
+  // Whether forward(x) runs in FP8: FP8 autocast is on for x's device and the layer is not excluded.
+  // Models that fuse a Linear's GEMM into a bigger op (MLP's mlp_gelu) ask this first.
+  bool runs_fp8(const Tensor& x) const;
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+  // Kept out of FP8 autocast (an LM head: its logits feed the softmax, which FP8 would coarsen).
+  bool fp8_excluded = false;
+  // The FP8 scaling state (histories, scales, the weight cache); null until the first FP8 forward.
+  // Not in state_dict(): training checkpoints save it through fp8_state_dict (ops/nn/fp8_state_dict.h).
+  mutable std::shared_ptr<Fp8LinearState> fp8_state;
 };
 
 // Rows of a [num_embeddings, dim] table drawn from N(0, 1).

@@ -161,6 +161,7 @@ Llama::Llama(const LlamaConfig& config, Generator* generator) : config_(config) 
   register_module("model", model, std::make_shared<LlamaModel>(config_, generator));
   if (!config_.tie_word_embeddings) {
     register_module("lm_head", lm_head, projection(config_.hidden_size, config_.vocab_size, false, generator));
+    lm_head->fp8_excluded = true;  // the head stays in bf16 under FP8 autocast
   }
   NoGradGuard no_grad;
   for (const auto& [name, p] : named_parameters()) {

@@ -113,7 +113,7 @@ class Llama : public CausalLM {
   void save_pretrained(const std::string& dir, int64_t max_shard_bytes) const;
 
   std::shared_ptr<LlamaModel> model;
-  std::shared_ptr<Linear> lm_head;  // null when tied
+  std::shared_ptr<Linear> lm_head;  // null when tied; fp8_excluded (the head stays bf16 under FP8)
 
  private:
   LlamaConfig config_;

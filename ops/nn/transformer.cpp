@@ -23,9 +23,10 @@ Tensor MLP::hidden(const Tensor& x) const {
 }
 
 Tensor MLP::hidden_in_scope(const Tensor& x) const {
-  // Only a Linear itself: a subclass in c_fc's place (LoRALinear) computes its own forward.
+  // Only a Linear itself: a subclass in c_fc's place (LoRALinear) computes its own forward, and
+  // so does a Linear running in FP8 (fp8_linear, then the GELU).
   const Linear& fc = *c_fc;
-  if (typeid(fc) == typeid(Linear) && fc.bias.defined()) return linear_gelu(x, fc.weight, fc.bias);
+  if (typeid(fc) == typeid(Linear) && fc.bias.defined() && !fc.runs_fp8(x)) return linear_gelu(x, fc.weight, fc.bias);
   return gelu(fc.forward(x), GeluApproximation::tanh);
 }
 
@@ -33,9 +34,10 @@ Tensor MLP::forward(const Tensor& x) const {
   const auto scope = trace_scope();
   // Both layers plain Linears with biases: one mlp_gelu, whose backward forms the GELU's
   // derivative in the second layer's input-gradient GEMM. Otherwise (a LoRALinear or another
-  // subclass in either place, a missing bias) each layer's own forward.
+  // subclass in either place, a missing bias, a layer running in FP8) each layer's own forward.
   const Linear &fc = *c_fc, &proj = *c_proj;
-  const bool plain = typeid(fc) == typeid(Linear) && typeid(proj) == typeid(Linear);
+  const bool plain =
+      typeid(fc) == typeid(Linear) && typeid(proj) == typeid(Linear) && !fc.runs_fp8(x) && !proj.runs_fp8(x);
   const Tensor y = fused && plain && fc.bias.defined() && proj.bias.defined()
                        ? mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias)
                        : c_proj->forward(hidden_in_scope(x));

@@ -33,11 +33,12 @@ class MLP : public Module {
  public:
   MLP(const TransformerShape& shape, Generator* generator);
   // dropout(c_proj(gelu_tanh(c_fc(x)))) [B, T, C] -> [B, T, C]: one mlp_gelu when c_fc and
-  // c_proj are both plain Linears with biases; otherwise c_proj's forward of hidden(x).
+  // c_proj are both plain Linears with biases, neither running in FP8 (Linear::runs_fp8);
+  // otherwise c_proj's forward of hidden(x).
   Tensor forward(const Tensor& x) const;
   // gelu_tanh(c_fc(x)) [B, T, n_inner]: one linear_gelu when c_fc is a plain Linear with a
   // bias (on CUDA one GEMM, the GELU in its epilogue); otherwise (a LoRALinear in its place,
-  // no bias) c_fc's own forward, then gelu.
+  // no bias, FP8) c_fc's own forward, then gelu.
   Tensor hidden(const Tensor& x) const;
   std::shared_ptr<Linear> c_fc;    // [n_inner, C]
   std::shared_ptr<Linear> c_proj;  // [C, n_inner]

@@ -132,6 +132,31 @@ TEST(Checkpoint, UnderNoGradItJustRunsTheSegment) {
   EXPECT_NEAR(y.to_vector<double>()[0], std::exp(1.0), 1e-6);
 }
 
+// in_checkpointed_segment(): on in the first pass and in the recomputation, off outside them and
+// under NoGradGuard (where checkpoint just calls the function).
+TEST(Checkpoint, SaysWhenASegmentIsRunning) {
+  std::vector<bool> seen;
+  const auto segment = [&](const Tensor& t) {
+    seen.push_back(in_checkpointed_segment());
+    return exp(t);
+  };
+  EXPECT_FALSE(in_checkpointed_segment());
+  Tensor x = ones({3}).requires_grad_();
+  Tensor y = checkpoint(segment, x);
+  EXPECT_FALSE(in_checkpointed_segment());
+  sum(y).backward();
+  {
+    NoGradGuard no_grad;
+    checkpoint(segment, x);
+  }
+  EXPECT_EQ(seen, (std::vector<bool>{true, true, false}));
+  EXPECT_FALSE(in_checkpointed_segment());
+  const std::string msg =
+      error_message_of([&] { checkpoint([](const Tensor&) -> Tensor { throw Error("inside"); }, x); });
+  EXPECT_EQ(msg, "inside");
+  EXPECT_FALSE(in_checkpointed_segment()) << "an exception leaves the segment";
+}
+
 TEST(Checkpoint, IntegerOutputsAreRejected) {
   Tensor x = ones({3}).requires_grad_();
   const std::string msg =
