@@ -27,6 +27,7 @@
 #include "examples/common/cli.h"
 #include "examples/lm/trainer.h"
 #include "ops/backends.h"
+#include "ops/fp8/fp8_autocast.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -90,6 +91,12 @@ int main(int argc, char** argv) {
   app.add_flag("--nvtx", nvtx_ranges,
                "NVTX ranges for nsys: the step, forward, backward and optimizer, each module by its path, DDP's "
                "all-reduces (as MT_NVTX=1; docs/profiling.md)");
+  std::string precision = "amp";
+  app.add_option("--precision", precision,
+                 "amp: every GEMM in the --amp dtype; fp8: the blocks' Linear layers in FP8 under the bf16 autocast "
+                 "(mt::Fp8AutocastGuard, delayed scaling; the LM head stays bf16)")
+      ->capture_default_str()
+      ->check(example::one_of({"amp", "fp8"}));
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -103,6 +110,8 @@ int main(int argc, char** argv) {
     const mt::Device device = placement.device;
     const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
+    const bool fp8 = precision == "fp8";
+    MT_CHECK(!fp8 || placement.amp == mt::DType::bf16, "--precision fp8 runs under bf16 autocast: pass --amp bf16");
     config.n_positions = seq;
     mt::Generator init(0);
     mt::nn::GPT model(config, &init);
@@ -126,7 +135,7 @@ int main(int argc, char** argv) {
     std::printf("gpt_step: %lld layers, width %lld, vocab %lld, B=%lld T=%lld, %s, amp %s%s%s%s; %s\n",
                 static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
                 static_cast<long long>(config.vocab_size), static_cast<long long>(batch), static_cast<long long>(seq),
-                device.str().c_str(), amp.c_str(), unfused ? ", unfused" : "",
+                device.str().c_str(), fp8 ? "bf16 + fp8 Linear" : amp.c_str(), unfused ? ", unfused" : "",
                 amp != "off" && cast_weights ? ", weights cast at every step" : "",
                 mt::nvtx::enabled() ? ", NVTX ranges on" : "", mt::nn::trainable_parameters_summary(model).c_str());
     MT_CHECK(!(cuda_graph && group), "--cuda-graph is for one process (NCCL is not captured)");
@@ -160,6 +169,7 @@ int main(int argc, char** argv) {
         {
           const mt::nvtx::Range range("forward");
           mt::AutocastGuard guard(device.type, low, autocast);
+          mt::Fp8AutocastGuard fp8_guard(device.type, mt::Fp8Recipe::delayed(), fp8);
           loss = model.loss(x, y);
         }
         if (ddp) {
