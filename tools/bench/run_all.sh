@@ -2,7 +2,7 @@
 # Every benchmark, ours and PyTorch's twin side by side, on the GPU machine. Called by
 # `tools/device_check.sh --bench` after the build; BUILD names the build folder.
 #
-#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate]
+#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|fp8-train]
 #
 # --only runs one section (llama: llama-train, then llama-generate). MT_PROFILE_STEPS (default 3)
 # steps per mode are then profiled op by op.
@@ -14,8 +14,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${BUILD:-build-device}"
 profile="${MT_PROFILE_STEPS:-3}"
-sections="gpt mlp ops ddp llama-train llama-generate"
-usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate]"
+sections="gpt mlp ops ddp llama-train llama-generate fp8-train"
+usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|fp8-train]"
 
 only=""
 while (($# > 0)); do
@@ -105,14 +105,14 @@ ddp_section() {
   fi
 }
 
-# A Llama command that fails is reported and the next one runs (each pair of numbers is worth
+# A Llama or FP8 command that fails is reported and the next one runs (each pair of numbers is worth
 # having without the others); the script then exits 1, after the last section.
-llama_failed=0
-llama_run() {
+any_failed=0
+keep_going() {
   "$@" || {
     local rc=$?
     echo "run_all.sh: FAILED (exit $rc): $*"
-    llama_failed=1
+    any_failed=1
   }
 }
 # SmolLM2-135M full training at B x T = 8 x 2048 (16k tokens a step) fits an 80 GB card by a
@@ -136,31 +136,54 @@ prompt="${GEN_PROMPT_LEN:-128}" new="${GEN_NEW_TOKENS:-256}"
 
 llama_train_section() {
   echo "== SmolLM2-135M shape, B=$sb, T=$st, bf16 autocast, full training, checkpointing off and blocks =="
-  llama_run "$build/tools/llama_step" --device cuda --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
+  keep_going "$build/tools/llama_step" --device cuda --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
     --checkpoint off,blocks --profile "$profile"
   echo "-- PyTorch, full training (f32 weights, fused AdamW): eager, torch.compile, eager with checkpointing --"
-  llama_run python3 tools/bench/llama_step_torch.py --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
+  keep_going python3 tools/bench/llama_step_torch.py --shape smollm2-135m --lora-r 0 --batch "$sb" --seq-len "$st" \
     --modes eager,compile,blocks
   echo "== Llama-3.2-1B shape, B=$lb, T=$lt, bf16 autocast, LoRA r=16 alpha=32 on the seven projections =="
-  llama_run "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --base-dtype bf16 \
+  keep_going "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --base-dtype bf16 \
     --batch "$lb" --seq-len "$lt" --checkpoint off,blocks --profile "$profile"
   echo "-- the same with the frozen base in f32 (llama_step's default), cast once to bf16 copies by autocast --"
-  llama_run "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
+  keep_going "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
     --checkpoint off
   echo "-- PyTorch + PEFT (frozen base bf16, adapters f32): eager, torch.compile, eager with checkpointing --"
-  llama_run python3 tools/bench/llama_step_torch.py --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
+  keep_going python3 tools/bench/llama_step_torch.py --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
     --modes eager,compile,blocks
 }
 
 llama_generate_section() {
   echo "== Llama-3.2-1B shape, bf16 weights, batch 1, prompt $prompt, $new new tokens: greedy generation, KV cache =="
-  llama_run "$build/tools/generate_bench" --device cuda --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+  keep_going "$build/tools/generate_bench" --device cuda --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
   echo "-- PyTorch: transformers' model.generate --"
-  llama_run python3 tools/bench/generate_torch.py --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+  keep_going python3 tools/bench/generate_torch.py --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+}
+
+# FP8 full training at GPT-2 medium and XL shapes (B=8, T=1024: XL's f32 weights, gradients and
+# AdamW moments are 25 GB, its bf16 activations near 30 GB): our bf16 step, our FP8 step, and
+# PyTorch's bf16 and float8 steps under torch.compile (torchao's tensorwise recipe when torchao
+# imports, else the same recipe by hand on torch._scaled_mm; gpt_step_torch.py --float8).
+fp8_float8="${FP8_TORCH:-torchao}"
+fp8_train_section() {
+  local shape name
+  # torchao is not in the GPU machine's image: its wheel travels in .whl (python3 -m pip download torchao).
+  if compgen -G ".whl/torchao-*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mt-site .whl/torchao-*.whl &&
+      export PYTHONPATH="/tmp/mt-site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  for name in medium xl; do
+    if [[ $name == medium ]]; then shape="--layers 24 --heads 16 --embd 1024"; else shape="--layers 48 --heads 25 --embd 1600"; fi
+    echo "== GPT-2 $name shape, B=8, T=1024, full training: bf16, then FP8 Linear layers (delayed scaling) =="
+    keep_going "$build/tools/gpt_step" --device cuda $shape --lora-r 0 --batch 8 --checkpoint off --precision amp
+    keep_going "$build/tools/gpt_step" --device cuda $shape --lora-r 0 --batch 8 --checkpoint off --precision fp8
+    echo "-- PyTorch + torch.compile: bf16 (Conv1D as nn.Linear), then float8 ($fp8_float8) --"
+    keep_going python3 tools/bench/gpt_step_torch.py --full --linear --modes compile $shape --batch 8
+    keep_going python3 tools/bench/gpt_step_torch.py --full --float8 "$fp8_float8" $shape --batch 8
+  done
 }
 
 # Under set -e, as before the sections: a failing command ends the script with its status.
 for section in $sections; do
   if wanted "$section"; then "${section//-/_}_section"; fi
 done
-exit "$llama_failed"
+exit "$any_failed"
