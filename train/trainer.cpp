@@ -15,6 +15,7 @@
 #include "core/nvtx.h"
 #include "distributed/ddp.h"
 #include "ops/backends.h"
+#include "ops/nn/fp8_state_dict.h"
 #include "ops/ops.h"
 #include "optim/clip_grad.h"
 #include "optim/graph_step.h"
@@ -56,6 +57,19 @@ void check_options(const TrainerOptions& o, const nn::Module& model) {
   MT_CHECK(!o.cuda_graph || !o.report,
            "Trainer: the report profiles ops as they are launched, which a replayed CUDA Graph does not do");
   MT_CHECK(!model.trainable_parameters().empty(), "Trainer: the model has no trainable parameters");
+  if (o.fp8) {
+    MT_CHECK(o.amp == DType::bf16,
+             "Trainer: FP8 (options.fp8) runs inside bf16 autocast, so options.amp must be bf16; got ",
+             o.amp ? dtype_name(*o.amp) : "none (f32)");
+    o.fp8->validate();
+  }
+}
+
+// "fp8 ovf 0 scale 1.2e+01..3.4e+03": saturated casts since the last line, and the scales' range.
+std::string fp8_field(double overflows, double min_scale, double max_scale) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "fp8 ovf %.0f scale %.1e..%.1e", overflows, min_scale, max_scale);
+  return text;
 }
 
 }  // namespace
@@ -91,6 +105,7 @@ struct Trainer::Impl {
   int64_t resume();
   double evaluate();
   void log_step(int64_t step, int64_t first_step, bool evaluated, double val_loss);
+  void record_fp8_health(Scalars& scalars);
 
   nn::Module& model;
   DataSource& data;
@@ -108,11 +123,12 @@ struct Trainer::Impl {
   // The step's inputs live in tensors that stay put (a captured step reads the same addresses
   // every replay): one per micro-batch, filled from the data before each step.
   std::vector<Batch> device_batches;
-  std::vector<Tensor> weights;  // [accumulation] 0-d f32 on the device: count_i / sum of counts
-  Tensor loss_out;              // [1] f32: the step's loss
-  Tensor grad_norm_out;         // 0-d: the gradient norm before clipping (when clipping)
-  int64_t step_targets = 0;     // targets of the step on this rank (Batch::count summed)
-  double step_lr = 0;           // the learning rate of the step just run
+  std::vector<Tensor> weights;     // [accumulation] 0-d f32 on the device: count_i / sum of counts
+  Tensor loss_out;                 // [1] f32: the step's loss
+  Tensor grad_norm_out;            // 0-d: the gradient norm before clipping (when clipping)
+  int64_t step_targets = 0;        // targets of the step on this rank (Batch::count summed)
+  double step_lr = 0;              // the learning rate of the step just run
+  int64_t fp8_overflows_seen = 0;  // the FP8 states' overflow count at the last record (all ranks)
 
   std::vector<std::function<void(const StepMetrics&)>> step_callbacks;
   std::vector<std::function<void(int64_t, double)>> validation_callbacks;
@@ -243,6 +259,7 @@ void Trainer::Impl::run_step() {
     {
       const nvtx::Range range("forward");
       AutocastGuard autocast(options.device.type, options.amp.value_or(DType::bf16), options.amp.has_value());
+      Fp8AutocastGuard fp8(options.device.type, options.fp8.value_or(Fp8Recipe()), options.fp8.has_value());
       loss = loss_fn(device_batches[static_cast<size_t>(i)]);
       MT_CHECK(loss.numel() == 1, "Trainer: the loss function must return one value, got shape ",
                shape_str(loss.shape()));
@@ -326,6 +343,11 @@ double Trainer::Impl::evaluate() {
   const bool was_training = model.is_training();
   model.eval();
   validation->restore(validation_start);
+  // Validation measures the model as it trains, FP8 layers included. Its forwards would push their
+  // amaxes into the delayed-scaling histories, making the training steps after it depend on how
+  // often it runs: it moves copies of the states instead.
+  std::optional<nn::Fp8StateRestoreGuard> training_fp8_states;
+  if (options.fp8) training_fp8_states.emplace(model);
   ProgressBar progress(options.name + ": validation", options.eval_batches, progress_mode);
   double weighted = 0, counted = 0;
   for (int64_t i = 0; i < options.eval_batches; ++i) {
@@ -333,6 +355,7 @@ double Trainer::Impl::evaluate() {
     batch.inputs = batch.inputs.to(options.device);
     batch.targets = batch.targets.to(options.device);
     AutocastGuard autocast(options.device.type, options.amp.value_or(DType::bf16), options.amp.has_value());
+    Fp8AutocastGuard fp8(options.device.type, options.fp8.value_or(Fp8Recipe()), options.fp8.has_value());
     const double loss = loss_fn(batch).item();
     const double weight = batch.count > 0 ? static_cast<double>(batch.count) : 1.0;
     weighted += loss * weight;
@@ -341,6 +364,29 @@ double Trainer::Impl::evaluate() {
   }
   model.train(was_training);
   return global_mean(weighted / counted);
+}
+
+// fp8_overflows (since the last record), fp8_scale_min and fp8_scale_max over every rank's
+// delayed-scaling states; nothing when there are none (current scaling, or no FP8 step yet).
+void Trainer::Impl::record_fp8_health(Scalars& scalars) {
+  const nn::Fp8Health health = nn::fp8_health(model);
+  std::vector<double> sum = {static_cast<double>(health.overflows), static_cast<double>(health.states)};
+  std::vector<double> max = {-health.min_scale, health.max_scale};
+  if (world_size() > 1) {
+    const Tensor s = from_vector(sum, {2}, DType::f64), m = from_vector(max, {2}, DType::f64);
+    options.group->all_reduce_(s, dist::ReduceOp::sum);
+    options.group->all_reduce_(m, dist::ReduceOp::max);
+    sum = s.to_vector<double>();
+    max = m.to_vector<double>();
+  }
+  if (sum[1] == 0) return;
+  const auto total = static_cast<int64_t>(sum[0]);
+  // A count below the last one means new states (a resume loads fresh ones): all of it is new.
+  const int64_t since = total >= fp8_overflows_seen ? total - fp8_overflows_seen : total;
+  fp8_overflows_seen = total;
+  scalars.emplace_back("fp8_overflows", static_cast<double>(since));
+  scalars.emplace_back("fp8_scale_min", -max[0]);
+  scalars.emplace_back("fp8_scale_max", max[1]);
 }
 
 void Trainer::Impl::log_step(int64_t step, int64_t first_step, bool evaluated, double val_loss) {
@@ -379,6 +425,7 @@ void Trainer::Impl::log_step(int64_t step, int64_t first_step, bool evaluated, d
     s.emplace_back("mem_reserved_gib", static_cast<double>(memory.reserved) / kGiB);
     s.emplace_back("mem_peak_gib", static_cast<double>(memory.peak_allocated) / kGiB);
   }
+  if (options.fp8) record_fp8_health(s);
   interval_start = std::chrono::steady_clock::now();
   interval_excluded = 0;
   interval_steps = 0;
@@ -395,6 +442,10 @@ void Trainer::Impl::log_step(int64_t step, int64_t first_step, bool evaluated, d
   }
   // The loss scale as it is: after many skipped steps it falls below 1.
   fields.push_back(fp16 ? format("loss scale %g", record.value("loss_scale")) : std::string("loss scale off"));
+  if (!std::isnan(record.value("fp8_overflows"))) {
+    fields.push_back(
+        fp8_field(record.value("fp8_overflows"), record.value("fp8_scale_min"), record.value("fp8_scale_max")));
+  }
   if (options.device.is_cuda()) fields.push_back(format("peak mem %.2f GiB", record.value("mem_peak_gib")));
   last_fields = fields;
   if (options.quiet) return;
@@ -451,6 +502,7 @@ TrainResult Trainer::fit() {
   t.print(o.name + ": " + t.data.describe() + (t.data.describe().empty() ? "" : ", ") + std::to_string(o.steps) +
           " steps of " + std::to_string(o.accumulation) + " micro-batch" + (o.accumulation > 1 ? "es" : "") + " on " +
           o.device.str() + (o.amp ? std::string(", ") + dtype_name(*o.amp) + " autocast" : std::string(", f32")) +
+          (o.fp8 ? ", FP8 Linear layers (" + o.fp8->str() + ")" : std::string()) +
           (t.world_size() > 1 ? ", data parallel over " + std::to_string(t.world_size()) + " ranks" : std::string()));
   if (o.device.is_cuda()) cuda::reset_peak_memory(o.device.index);
 

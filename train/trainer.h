@@ -21,6 +21,11 @@
 // accumulated step equals one step on all the micro-batches at once: the mean over every target
 // of the accumulated batch. Nothing in a step reads the device back except on logged steps.
 //
+// With options.fp8 the Linear layers run in FP8 inside the bf16 autocast (ops/fp8/fp8_autocast.h),
+// validation too, on copies of the FP8 states so that it leaves the training run as it was
+// (nn::Fp8StateRestoreGuard); logged steps then report the delayed-scaling states' health
+// (fp8_overflows since the last record, fp8_scale_min, fp8_scale_max; over all ranks).
+//
 // Around the steps: progress (a bar on a terminal, lines elsewhere: train/progress.h), metrics
 // files (train/metrics.h), validation every eval_every steps and at the end, checkpoints every
 // save_every steps, at the end and on SIGTERM/SIGINT/SIGUSR1 (Note [Stopping on a signal]),
@@ -39,6 +44,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "distributed/process_group.h"
+#include "ops/fp8/fp8_autocast.h"
 #include "ops/nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
@@ -72,6 +78,7 @@ struct TrainerOptions {
 
   Device device = kCPU;
   std::optional<DType> amp;             // autocast dtype (bf16, f16); empty: f32
+  std::optional<Fp8Recipe> fp8;         // Linear layers in FP8 under this recipe (amp must be bf16); empty: off
   dist::ProcessGroup* group = nullptr;  // under mpirun: data parallel over its ranks
 
   int64_t eval_every = 0;    // validation every N steps (and after the last); 0: after the last only

@@ -87,6 +87,22 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--eval-batches", eval_batches, "validation batches")
       ->capture_default_str()
       ->check(example::positive());
+  app.add_option("--precision", precision,
+                 "amp (every GEMM in the --amp dtype) or fp8 (the Linear layers in FP8 inside bf16 autocast, which "
+                 "needs --amp bf16; the LM head in bf16)")
+      ->capture_default_str()
+      ->check(example::one_of({"amp", "fp8"}));
+  app.add_option("--fp8-recipe", fp8_recipe,
+                 "with --precision fp8: delayed (scales from each tensor's amax history) or current (from the tensor "
+                 "itself, one pass more)")
+      ->capture_default_str()
+      ->check(example::one_of({"delayed", "current"}));
+  app.add_option("--fp8-history", fp8_history, "with --fp8-recipe delayed: amaxes kept per tensor")
+      ->capture_default_str()
+      ->check(example::positive());
+  app.add_option("--fp8-margin", fp8_margin, "with --precision fp8: scales lowered by 2^margin (headroom)")
+      ->capture_default_str()
+      ->check(example::range(-64, 64));
 }
 
 // ------------------------------------------------------------------ training
@@ -107,6 +123,12 @@ mt::train::TrainerOptions trainer_options(const mt::nn::CausalLM& model, const T
   o.optimizer.grad_clip = flags.grad_clip;
   o.device = placement.device;
   o.amp = placement.amp;
+  if (flags.precision == "fp8") {
+    const int margin = static_cast<int>(flags.fp8_margin);
+    o.fp8 = flags.fp8_recipe == "current"
+                ? mt::Fp8Recipe::current(margin)
+                : mt::Fp8Recipe::delayed(static_cast<int>(flags.fp8_history), mt::DelayedScaling::Amax::max, margin);
+  }
   o.group = placement.group;
   o.eval_every = flags.eval_every;
   o.eval_batches = flags.eval_batches;
@@ -165,6 +187,12 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
   MT_CHECK(!flags.checkpoints.resume || !flags.checkpoints.save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
+  MT_CHECK(flags.precision != "fp8" || placement.amp == mt::DType::bf16,
+           "--precision fp8 runs the Linear layers in FP8 inside bf16 autocast and needs --amp bf16 (auto is bf16 "
+           "on a GPU only); got ",
+           !placement.amp                     ? "off (f32)"
+           : *placement.amp == mt::DType::f16 ? "fp16"
+                                              : mt::dtype_name(*placement.amp));
   {
     const mt::data::TokenCorpus corpus(flags.data);  // checked before windows are cut from it
     MT_CHECK(corpus.vocab_size() <= model.vocab_size(), flags.data, ": the token file's vocab_size ",
@@ -176,6 +204,10 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
   MT_CHECK(!flags.cuda_graph || model.dropout() == 0, "--cuda-graph needs dropout 0 (the model has ", model.dropout(),
            "): a replayed step would draw the same random numbers every time");
   model.set_checkpointing(flags.checkpoint);
+  // A recomputed block could not repeat the FP8 scales of its first pass (ops/fp8/fp8_linear.h).
+  MT_CHECK(flags.precision != "fp8" || model.checkpointing().rfind("blocks", 0) != 0,
+           "--precision fp8 cannot run with --checkpoint ", model.checkpointing(),
+           ": recomputing a block would not repeat its FP8 scales; use --checkpoint selective or off");
   if (!flags.trace.empty()) mt::nvtx::start_trace(flags.trace);
 
   mt::train::Trainer trainer(

@@ -52,6 +52,12 @@ struct TrainFlags {
   bool detect_anomaly = false;  // name the first op whose output is NaN or inf (slow)
   bool deterministic = false;   // repeatable kernels only (mt::backends::set_deterministic_algorithms)
   bool cuda_graph = false;      // capture the step once and replay it (mt::CudaGraphStep)
+  // amp: every GEMM in the --amp dtype; fp8: the Linear layers in FP8 inside bf16 autocast
+  // (TrainerOptions::fp8), the LM head and everything else in bf16.
+  std::string precision = "amp";
+  std::string fp8_recipe = "delayed";  // delayed or current (mt::Fp8Recipe)
+  int64_t fp8_history = 16;            // delayed scaling: amaxes kept per tensor
+  int64_t fp8_margin = 0;              // scale = fp8_max / amax / 2^margin
   void add_to(CLI::App& app, const std::string& data_help);
 };
 

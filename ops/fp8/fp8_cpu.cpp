@@ -88,7 +88,9 @@ void delayed_update_cpu(const DelayedUpdate& u) {
     m = std::fmax(m, h[i]);
   }
   const float amax = u.most_recent ? newest : m;
-  const float scale = scale_from_amax(amax, u.scaled_max, read_scalar(u.scale));
+  const float used = read_scalar(u.scale);
+  if (saturated(newest, used, u.saturation_bound)) ++*static_cast<int64_t*>(u.overflows.data_ptr());
+  const float scale = scale_from_amax(amax, u.scaled_max, used);
   write_scalar(u.scale, scale);
   write_scalar(u.scale_inv, 1.0f / scale);
 }

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __r
 // the chunk below overwrites off - 1 only after its own barrier, which follows that read.
 __global__ void __launch_bounds__(kThreads)
     delayed_update_kernel(float* history, int64_t len, float* scale, float* scale_inv, const float* new_amax,
-                          bool most_recent, float scaled_max) {
+                          int64_t* overflows, bool most_recent, float scaled_max, float saturation_bound) {
   __shared__ float warp_max[kThreads / 32];
   const float newest = *new_amax;
   float m = 0.0f;
@@ -206,7 +206,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x != 0) return;
   for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-  const float s = scale_from_amax(most_recent ? newest : m, scaled_max, *scale);
+  const float used = *scale;
+  if (saturated(newest, used, saturation_bound)) ++*overflows;
+  const float s = scale_from_amax(most_recent ? newest : m, scaled_max, used);
   *scale = s;
   *scale_inv = 1.0f / s;
 }
@@ -301,8 +303,8 @@ void delayed_update_cuda(const DelayedUpdate& u) {
   const cuda::Stream stream = cuda::current_stream(device);
   delayed_update_kernel<<<1, kThreads, 0, stream.handle()>>>(
       static_cast<float*>(u.history.data_ptr()), u.history.numel(), static_cast<float*>(u.scale.data_ptr()),
-      static_cast<float*>(u.scale_inv.data_ptr()), static_cast<const float*>(u.new_amax.data_ptr()), u.most_recent,
-      u.scaled_max);
+      static_cast<float*>(u.scale_inv.data_ptr()), static_cast<const float*>(u.new_amax.data_ptr()),
+      static_cast<int64_t*>(u.overflows.data_ptr()), u.most_recent, u.scaled_max, u.saturation_bound);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -36,6 +36,11 @@ MT_HOST_DEVICE inline float scale_from_amax(float amax, float scaled_max, float 
   return scale > FLT_MAX ? FLT_MAX : scale;
 }
 
+// Whether a cast with `scale` saturated the tensor whose amax it measured: its largest product lay
+// beyond `bound`, fp8_max plus half an ulp, past which a wider format would have rounded it to a
+// larger value (an infinite amax included, a NaN one not).
+MT_HOST_DEVICE inline bool saturated(float amax, float scale, float bound) { return amax * scale > bound; }
+
 // ---- casts ----
 // x contiguous (f64/f32/f16/bf16); scale f32 [1]; out fp8 (x's numel, or [K, M] for x [M, K] when
 // transposed) or undefined (the amax alone); amax f32 [1], overwritten with max |x|.
@@ -52,8 +57,10 @@ struct DelayedUpdate {
   Tensor scale;      // f32 [1]
   Tensor scale_inv;  // f32 [1]
   Tensor new_amax;   // f32 [1]
+  Tensor overflows;  // i64 [1]: incremented when new_amax saturated the cast made with `scale`
   bool most_recent = false;
-  float scaled_max = 0;  // fp8_max * 2^-margin
+  float scaled_max = 0;        // fp8_max * 2^-margin
+  float saturation_bound = 0;  // fp8_max plus half its ulp (saturated)
 };
 void delayed_update_cpu(const DelayedUpdate& u);
 void delayed_update_cuda(const DelayedUpdate& u);

@@ -24,6 +24,13 @@ void check_amax(const char* op, const Tensor& amax, Device device) {
              " but the state is on ", device.str());
 }
 
+// fp8_max plus half its ulp (464 for E4M3, 61440 for E5M2): a product up to it rounds to fp8_max
+// as it would in a format with more range; beyond it the cast saturates.
+float saturation_bound(DType format) {
+  const float max = fp8_max(format);
+  return format == DType::f8e4m3 ? max + 16.0f : max + 4096.0f;
+}
+
 constexpr const char* kKeys[] = {"amax_history", "scale", "scale_inv"};
 
 }  // namespace
@@ -35,6 +42,7 @@ Fp8TensorState::Fp8TensorState(const DelayedScaling& r, Device device) : recipe(
   amax_history = zeros({recipe.history_len}, f32);
   scale = ones({1}, f32);
   scale_inv = ones({1}, f32);
+  overflows = zeros({1}, TensorOptions().dtype(DType::i64).device(device));
 }
 
 void Fp8TensorState::update(const Tensor& new_amax) {
@@ -51,13 +59,19 @@ void Fp8TensorState::update(const Tensor& new_amax) {
              ": scale and scale_inv must be f32 with one element on ", device.str(), ", got ",
              t->defined() ? ops::describe(*t) : std::string("an undefined tensor"));
   }
+  MT_CHECK(
+      overflows.defined() && overflows.dtype() == DType::i64 && overflows.numel() == 1 && overflows.device() == device,
+      op, ": overflows must be i64 with one element on ", device.str(), ", got ",
+      overflows.defined() ? ops::describe(overflows) : std::string("an undefined tensor"));
   ops::DelayedUpdate u;
   u.history = amax_history;
   u.scale = scale;
   u.scale_inv = scale_inv;
   u.new_amax = new_amax;
+  u.overflows = overflows;
   u.most_recent = recipe.amax_compute == DelayedScaling::Amax::most_recent;
   u.scaled_max = scaled_max(recipe.format, recipe.margin);
+  u.saturation_bound = saturation_bound(recipe.format);
   if (amax_history.is_cuda()) {
 #if MT_WITH_CUDA
     ops::delayed_update_cuda(u);
@@ -67,7 +81,7 @@ void Fp8TensorState::update(const Tensor& new_amax) {
   } else {
     ops::delayed_update_cpu(u);
   }
-  for (const Tensor& t : {amax_history, scale, scale_inv}) t.bump_version();
+  for (const Tensor& t : {amax_history, scale, scale_inv, overflows}) t.bump_version();
 }
 
 std::map<std::string, Tensor> Fp8TensorState::state_dict() const {

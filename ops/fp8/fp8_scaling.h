@@ -10,6 +10,13 @@
 // is 0, infinite or NaN there is no information in it: delayed scaling keeps the previous scale,
 // current scaling uses 1. A positive amax so small that the quotient overflows gives FLT_MAX.
 //
+// A delayed-scaling state also counts its overflows: updates whose amax, times the scale the cast
+// that measured it used, lay beyond what rounds to the format's largest value (fp8_max plus half
+// its ulp: 464 for E4M3, 61440 for E5M2, a tie counted as rounded), so that the cast saturated.
+// Products just above fp8_max are ordinary rounding, and common: scale = fp8_max / amax rounded in
+// f32 gives amax * scale a little above fp8_max for about one amax in ten. Current scaling cannot
+// overflow: its scale comes from the amax itself.
+//
 // Everything runs on the state's device (a small kernel on CUDA, a loop on the CPU): no value
 // comes back to the host, so updates may be captured in a CUDA Graph.
 #pragma once
@@ -38,7 +45,9 @@ struct Fp8TensorState {
   // quantize_fp8(...).amax) into the history, then sets scale and scale_inv from the history:
   //   amax_history[0] = new_amax, amax_history[i] = the previous amax_history[i - 1] (the oldest
   //   falls off), amax = max over the history (NaN entries ignored, as fmaxf does) or new_amax
-  //   (most_recent); scale as in the header comment, else the previous scale kept.
+  //   (most_recent); scale as in the header comment, else the previous scale kept. Before that,
+  //   overflows += 1 when new_amax * scale saturated (above), scale being the one new_amax's cast
+  //   used (the state's own until this update: Note [FP8 scaling update points], fp8_linear.h).
   void update(const Tensor& new_amax);
 
   // "amax_history", "scale", "scale_inv" -> the state's tensors (as they are, not copies).
@@ -51,6 +60,9 @@ struct Fp8TensorState {
   Tensor amax_history;  // f32 [history_len]: [0] the newest
   Tensor scale;         // f32 [1]: multiplies x before the cast
   Tensor scale_inv;     // f32 [1]: 1 / scale, what the GEMM multiplies by
+  // i64 [1]: the updates that found a saturated cast, since the state was made. Not in
+  // state_dict(): a health figure of the run (nn::fp8_health), not something a resume repeats.
+  Tensor overflows;
 };
 
 struct Fp8Scale {

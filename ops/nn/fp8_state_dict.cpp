@@ -1,10 +1,12 @@
 #include "ops/nn/fp8_state_dict.h"
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "core/view.h"
 #include "ops/nn/layers.h"
 
 namespace mt::nn {
@@ -36,6 +38,26 @@ const std::vector<std::string>& state_keys() {
     return k;
   }();
   return keys;
+}
+
+// A layer's delayed-scaling tensor states (none under current scaling).
+std::vector<const Fp8TensorState*> delayed_states(const Fp8LinearState& s) {
+  if (s.recipe.scaling != Fp8Recipe::Scaling::delayed) return {};
+  return {&s.input, &s.weight, &s.grad_output};
+}
+
+// `s` with its own copies of the state tensors and an empty weight cache: the copy casts its
+// weight again rather than trust an entry across a CUDA Graph's replays, which change the weights
+// without a new version (Note [FP8 weight cache]).
+std::shared_ptr<Fp8LinearState> detached_copy(const Fp8LinearState& s) {
+  auto copy = std::make_shared<Fp8LinearState>(s);
+  for (Fp8TensorState* t : {&copy->input, &copy->weight, &copy->grad_output}) {
+    for (Tensor* field : {&t->amax_history, &t->scale, &t->scale_inv, &t->overflows}) {
+      if (field->defined()) *field = raw::clone(*field);
+    }
+  }
+  copy->weight_cache = Fp8WeightCache();
+  return copy;
 }
 
 }  // namespace
@@ -80,6 +102,50 @@ void load_fp8_state_dict(Module& module, const std::map<std::string, Tensor>& st
     }
   }
   for (size_t i = 0; i < layers.size(); ++i) layers[i].second->fp8_state = made[i];
+}
+
+Fp8Health fp8_health(const Module& module) {
+  Fp8Health health;
+  // Per device: the states' scales, then their counters, as f64 in one tensor (exact for both).
+  std::vector<std::pair<Device, std::vector<const Fp8TensorState*>>> by_device;
+  for (const auto& [path, linear] : linears(module)) {
+    if (!linear->fp8_state) continue;
+    ++health.layers;
+    const std::vector<const Fp8TensorState*> states = delayed_states(*linear->fp8_state);
+    if (states.empty()) continue;
+    const Device device = linear->fp8_state->device;
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& d) { return d.first == device; });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {device, {}});
+    it->second.insert(it->second.end(), states.begin(), states.end());
+  }
+  for (const auto& [device, states] : by_device) {
+    const auto n = static_cast<int64_t>(states.size());
+    const Tensor values = empty({2 * n}, TensorOptions().dtype(DType::f64).device(device));
+    for (int64_t i = 0; i < n; ++i) {
+      raw::narrow(values, 0, i, 1).copy_(states[static_cast<size_t>(i)]->scale);
+      raw::narrow(values, 0, n + i, 1).copy_(states[static_cast<size_t>(i)]->overflows);
+    }
+    const std::vector<double> host = values.to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      const double scale = host[static_cast<size_t>(i)];
+      health.min_scale = health.states == 0 ? scale : std::min(health.min_scale, scale);
+      health.max_scale = health.states == 0 ? scale : std::max(health.max_scale, scale);
+      health.overflows += static_cast<int64_t>(host[static_cast<size_t>(n + i)]);
+      ++health.states;
+    }
+  }
+  return health;
+}
+
+Fp8StateRestoreGuard::Fp8StateRestoreGuard(const Module& module) {
+  for (const auto& [path, linear] : linears(module)) {
+    originals_.emplace_back(linear, linear->fp8_state);
+    if (linear->fp8_state) linear->fp8_state = detached_copy(*linear->fp8_state);
+  }
+}
+
+Fp8StateRestoreGuard::~Fp8StateRestoreGuard() {
+  for (auto& [linear, state] : originals_) linear->fp8_state = std::move(state);
 }
 
 }  // namespace mt::nn

@@ -77,6 +77,18 @@ check checkpoint_mode_unknown "'all' is not one of off, blocks, blocks:K" "${tra
 check seq_len_over_context "--seq-len 32 exceeds the model's longest sequence 16" "${train[@]}" --data "$w/a.tok" \
   --seq-len 32 --context 16
 check cuda_graph_on_cpu "mt_train: --cuda-graph needs a CUDA device" "${train[@]}" --data "$w/a.tok" --cuda-graph
+check precision_unknown "mt_train: --precision: expected amp or fp8, got fp16" "${train[@]}" --data "$w/a.tok" \
+  --precision fp16
+check fp8_recipe_unknown "mt_train: --fp8-recipe: expected delayed or current, got tensorwise" "${train[@]}" \
+  --data "$w/a.tok" --fp8-recipe tensorwise
+fp8_needs_bf16="mt_train: --precision fp8 runs the Linear layers in FP8 inside bf16 autocast and needs --amp bf16"
+check fp8_without_bf16 "$fp8_needs_bf16 ... got off (f32)" "${train[@]}" --data "$w/a.tok" --precision fp8
+check fp8_with_fp16 "$fp8_needs_bf16 ... got fp16" "${train[@]}" --data "$w/a.tok" --precision fp8 --amp fp16
+check fp8_with_block_checkpointing \
+  "mt_train: --precision fp8 cannot run with --checkpoint blocks: recomputing a block would not repeat its FP8 scales" \
+  "${train[@]}" --data "$w/a.tok" --precision fp8 --amp bf16 --checkpoint blocks
+check lora_fp8 "mt_lora: --precision fp8 is not supported for LoRA yet: the adapted layers run in bf16" "${lora[@]}" \
+  --base "$w/model" --data "$w/a.tok" --precision fp8
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
