@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <regex>
 #include <string>
@@ -133,8 +134,9 @@ TEST(TrainerFp8, TrainsCloseToTheBf16RunAndReportsTheScalesHealth) {
   for (const StepMetrics& m : ref.logged) EXPECT_TRUE(std::isnan(m.value("fp8_scale_max"))) << "no FP8, no scales";
 }
 
-// The overflows of each record are those since the previous one: forced at step 3 (a scale far
-// too large for the input of one layer), counted at step 3 alone, and adding up to the states' count.
+// The overflows of each record are those since the previous one: one forced at step 3 (a scale far
+// too large for the input of one layer) shows in step 3's record, and the records add up to the
+// states' own count.
 TEST(TrainerFp8, OverflowsAreCountedSinceTheLastRecord) {
   int64_t counted_by_the_states = -1;
   const TrainedRun run = train(fp8_options(5), [&](Trainer& trainer, nn::GPT& model) {
@@ -190,7 +192,7 @@ TEST(TrainerFp8, ValidationRunsInFp8AndLeavesTheTrainingRunAsItWas) {
   FunctionData val([] { return make_batch(4, 99); });
   double first = 0, again = 0, in_bf16 = 0;
   std::vector<double> val_losses;
-  std::string states_before, states_after;
+  std::map<std::string, std::vector<double>> states_before, states_after;
   TrainerOptions o = fp8_options(6);
   o.eval_every = 2;
   o.eval_batches = 2;
@@ -200,18 +202,16 @@ TEST(TrainerFp8, ValidationRunsInFp8AndLeavesTheTrainingRunAsItWas) {
     trainer.on_step_end([&, &model = model, &trainer = trainer](const StepMetrics& m) {
       if (m.step != 6) return;
       const auto dump = [&] {
-        std::string s;
-        for (const auto& [key, t] : nn::fp8_state_dict(model)) {
-          for (double v : t.to_vector<double>()) s += key + "=" + std::to_string(v) + " ";
-        }
-        return s;
+        std::map<std::string, std::vector<double>> values;
+        for (const auto& [key, t] : nn::fp8_state_dict(model)) values[key] = t.to_vector<double>();
+        return values;
       };
       states_before = dump();
       first = trainer.evaluate();
       again = trainer.evaluate();
       states_after = dump();
-      FunctionData same([] { return make_batch(4, 99); });
-      Trainer bf16(model, same, gpt_loss(model), fp8_options(1, std::nullopt));
+      FunctionData unused([] { return make_batch(4, 1); });
+      Trainer bf16(model, unused, gpt_loss(model), fp8_options(1, std::nullopt));
       bf16.set_validation(val);
       in_bf16 = bf16.evaluate();
     });
