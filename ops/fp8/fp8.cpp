@@ -68,18 +68,20 @@ Fp8Quantized quantize_fp8(const Tensor& x, const Tensor& scale, DType format, Fp
   ops::check_floating(op, x);
   check_format(op, format);
   check_factor(op, "scale", scale, x.device());
-  const bool transposed = layout == Fp8Layout::transposed;
+  const bool transposed = layout != Fp8Layout::as_is;
   MT_CHECK_T(ShapeError, !transposed || x.dim() == 2, op, ": a transposed cast takes a 2-D x [M, K], got ",
              ops::describe(x));
   // The CUDA kernel gives each 64-column strip of x a grid row, of which there may be 65535.
   MT_CHECK_T(ShapeError, !transposed || !x.is_cuda() || x.size(1) <= int64_t{65535} * 64, op,
              ": a transposed cast on CUDA takes at most ", int64_t{65535} * 64, " columns, got ", ops::describe(x));
   const Tensor in = raw::contiguous(x);
-  const Shape shape = transposed ? Shape{x.size(1), x.size(0)} : x.shape();
-  Fp8Quantized q{empty(shape, TensorOptions().dtype(format).device(x.device())), f32_scalar(x.device())};
+  const TensorOptions options = TensorOptions().dtype(format).device(x.device());
+  const Tensor rows = layout != Fp8Layout::transposed ? empty(x.shape(), options) : Tensor();
+  const Tensor cols = transposed ? empty({x.size(1), x.size(0)}, options) : Tensor();
+  Fp8Quantized q{rows.defined() ? rows : cols, f32_scalar(x.device()), rows.defined() ? cols : Tensor()};
   on_device_of(
-      op, x, [&] { ops::quantize_cpu(in, scale, q.data, layout, q.amax); },
-      [&] { ops::quantize_cuda(in, scale, q.data, layout, q.amax); });
+      op, x, [&] { ops::quantize_cpu(in, scale, rows, cols, q.amax); },
+      [&] { ops::quantize_cuda(in, scale, rows, cols, q.amax); });
   return q;
 }
 
@@ -108,8 +110,8 @@ Tensor fp8_amax(const Tensor& x) {
   const Tensor in = raw::contiguous(x);
   Tensor amax = f32_scalar(x.device());
   on_device_of(
-      op, x, [&] { ops::quantize_cpu(in, Tensor(), Tensor(), Fp8Layout::as_is, amax); },
-      [&] { ops::quantize_cuda(in, Tensor(), Tensor(), Fp8Layout::as_is, amax); });
+      op, x, [&] { ops::quantize_cpu(in, Tensor(), Tensor(), Tensor(), amax); },
+      [&] { ops::quantize_cuda(in, Tensor(), Tensor(), Tensor(), amax); });
   return amax;
 }
 

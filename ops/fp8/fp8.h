@@ -24,19 +24,23 @@
 
 namespace mt {
 
-// What quantize_fp8 writes for x [M, K]: x's own layout, or its transpose [K, M] (contiguous).
-enum class Fp8Layout { as_is, transposed };
+// What quantize_fp8 writes for x [M, K]: x's own layout, its transpose [K, M] (contiguous), or
+// both from the one pass (a linear layer's x and dy: one copy for the forward or input-gradient
+// GEMM, the other for the weight gradient's).
+enum class Fp8Layout { as_is, transposed, both };
 
 struct Fp8Quantized {
-  Tensor data;  // f8e4m3 / f8e5m2: x's shape (as_is), or [K, M] for x [M, K] (transposed)
-  Tensor amax;  // f32 [1] on x's device: max |x| before scaling (NaN if x holds one)
+  Tensor data;    // f8e4m3 / f8e5m2: x's shape (as_is, both), or [K, M] for x [M, K] (transposed)
+  Tensor amax;    // f32 [1] on x's device: max |x| before scaling (NaN if x holds one)
+  Tensor data_t;  // both: the [K, M] transpose beside `data`; otherwise undefined
 };
 
 // The format's largest finite value: 448 (f8e4m3) or 57344 (f8e5m2); any other dtype throws.
 float fp8_max(DType format);
 
 // x: f64/f32/f16/bf16, any shape (2-D for `transposed`); scale: f32 with one element on x's
-// device; format: f8e4m3 or f8e5m2. One pass over x on CUDA (cast, optional transpose, amax).
+// device; format: f8e4m3 or f8e5m2. One pass over x on CUDA (cast, transpose and amax; with
+// Fp8Layout::both both copies come from the tile each block loads, so x is read once).
 // An f64 x is rounded to f32 before scaling.
 Fp8Quantized quantize_fp8(const Tensor& x, const Tensor& scale, DType format, Fp8Layout layout = Fp8Layout::as_is);
 

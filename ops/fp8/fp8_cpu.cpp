@@ -14,7 +14,7 @@ namespace mt::ops {
 namespace {
 
 template <typename Format, typename T>
-void quantize_typed(const T* x, uint8_t* out, int64_t rows, int64_t cols, Fp8Layout layout, float scale,
+void quantize_typed(const T* x, uint8_t* out, uint8_t* out_t, int64_t rows, int64_t cols, float scale,
                     uint32_t* amax_bits) {
   const int64_t n = rows * cols;
   const int64_t grain = cpu::kParallelGrain;
@@ -25,10 +25,11 @@ void quantize_typed(const T* x, uint8_t* out, int64_t rows, int64_t cols, Fp8Lay
     for (int64_t i = begin; i < end; ++i) {
       const float v = convert<float>(x[i]);
       m = std::max(m, abs_bits(v));
-      if (out == nullptr) continue;
+      if (out == nullptr && out_t == nullptr) continue;
+      const uint8_t q = Format::from_f32(scaled(v, scale));
+      if (out != nullptr) out[i] = q;
       // Element (r, c) of x [rows, cols] goes to (c, r) of the [cols, rows] transpose.
-      const int64_t o = layout == Fp8Layout::transposed ? (i % cols) * rows + i / cols : i;
-      out[o] = Format::from_f32(scaled(v, scale));
+      if (out_t != nullptr) out_t[(i % cols) * rows + i / cols] = q;
     }
     partial[static_cast<size_t>(begin / grain)] = m;
   });
@@ -50,19 +51,21 @@ void write_scalar(const Tensor& t, float v) { *static_cast<float*>(t.data_ptr())
 
 }  // namespace
 
-void quantize_cpu(const Tensor& x, const Tensor& scale, const Tensor& out, Fp8Layout layout, const Tensor& amax) {
+void quantize_cpu(const Tensor& x, const Tensor& scale, const Tensor& out, const Tensor& out_t, const Tensor& amax) {
   const int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
   const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
   uint8_t* o = out.defined() ? static_cast<uint8_t*>(out.data_ptr()) : nullptr;
-  const float s = out.defined() ? read_scalar(scale) : 0.0f;  // the amax alone needs no scale
+  uint8_t* o_t = out_t.defined() ? static_cast<uint8_t*>(out_t.data_ptr()) : nullptr;
+  const Tensor& format = out.defined() ? out : out_t;
+  const float s = format.defined() ? read_scalar(scale) : 0.0f;  // the amax alone needs no scale
   uint32_t bits = 0;
   dispatch_floating(x.dtype(), "quantize_fp8", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* in = static_cast<const T*>(x.data_ptr());
-    if (!out.defined() || out.dtype() == DType::f8e4m3) {
-      quantize_typed<F8E4M3Format>(in, o, rows, cols, layout, s, &bits);
+    if (!format.defined() || format.dtype() == DType::f8e4m3) {
+      quantize_typed<F8E4M3Format>(in, o, o_t, rows, cols, s, &bits);
     } else {
-      quantize_typed<F8E5M2Format>(in, o, rows, cols, layout, s, &bits);
+      quantize_typed<F8E5M2Format>(in, o, o_t, rows, cols, s, &bits);
     }
   });
   write_scalar(amax, bits::u32_to_f32(bits));

@@ -110,14 +110,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // x [rows, cols] -> out [cols, rows] = fp8(x^T * scale), one kTile x kTile tile per block: loaded
-// along x's rows (coalesced), cast into shared memory, written along out's rows (coalesced).
+// along x's rows (coalesced), cast into shared memory, written along out's rows (coalesced). With
+// out_rows, the cast is also written in x's own layout straight from the registers (Fp8Layout::both).
 // packed_loads: x 16-byte aligned with rows of a multiple of 16 bytes; packed_stores: out 4-byte
-// aligned and rows a multiple of 4.
+// aligned and rows a multiple of 4; packed_row_stores: out_rows 8-byte aligned, cols a multiple of 8.
 template <typename Format, typename T>
 __global__ void __launch_bounds__(kThreads)
-    quantize_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t rows, int64_t cols,
-                              const float* __restrict__ scale_ptr, uint32_t* amax_bits, bool packed_loads,
-                              bool packed_stores) {
+    quantize_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_rows,
+                              int64_t rows, int64_t cols, const float* __restrict__ scale_ptr, uint32_t* amax_bits,
+                              bool packed_loads, bool packed_stores, bool packed_row_stores) {
   __shared__ __align__(16) uint8_t tile[kTile][kTilePitch];  // [row - r0][col - c0]
   const float scale = *scale_ptr;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
@@ -137,9 +138,19 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) m = max(m, abs_bits(v[k]));
+    const uint2 words = make_uint2(fp8_word<Format>(v, scale), fp8_word<Format>(v + 4, scale));
     auto* dst = reinterpret_cast<uint32_t*>(&tile[tr][tc]);
-    dst[0] = fp8_word<Format>(v, scale);
-    dst[1] = fp8_word<Format>(v + 4, scale);
+    dst[0] = words.x;
+    dst[1] = words.y;
+    if (out_rows != nullptr && r < rows) {
+      uint8_t* row_dst = out_rows + r * cols + col;  // col is a multiple of kChunk
+      if (packed_row_stores && col + kChunk <= cols) {
+        *reinterpret_cast<uint2*>(row_dst) = words;
+      } else {
+        for (int k = 0; k < kChunk && col + k < cols; ++k)
+          row_dst[k] = static_cast<uint8_t>((k < 4 ? words.x : words.y) >> (8 * (k % 4)));
+      }
+    }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < kTile * (kTile / 4); c += kThreads) {
@@ -223,19 +234,21 @@ __global__ void current_scale_kernel(const float* amax, float* scale, float* sca
 
 template <typename Format, typename T>
 void launch_quantize(const cuda::Stream& stream, const Tensor& x, const Tensor& scale, const Tensor& out,
-                     Fp8Layout layout, uint32_t* amax_bits) {
+                     const Tensor& out_t, uint32_t* amax_bits) {
   const T* in = static_cast<const T*>(x.data_ptr());
   uint8_t* o = out.defined() ? static_cast<uint8_t*>(out.data_ptr()) : nullptr;
   const auto* s = scale.defined() ? static_cast<const float*>(scale.data_ptr()) : nullptr;  // null: the amax alone
   const int64_t n = x.numel();
-  if (layout == Fp8Layout::transposed) {
+  if (out_t.defined()) {
+    auto* o_t = static_cast<uint8_t*>(out_t.data_ptr());
     const int64_t rows = x.size(0), cols = x.size(1);
     const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile),
                     static_cast<unsigned>((cols + kTile - 1) / kTile));
     const bool packed_loads = cuda::aligned_to(in, 16) && (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-    const bool packed_stores = cuda::aligned_to(o, 4) && rows % 4 == 0;
-    quantize_transpose_kernel<Format, T>
-        <<<grid, kThreads, 0, stream.handle()>>>(in, o, rows, cols, s, amax_bits, packed_loads, packed_stores);
+    const bool packed_stores = cuda::aligned_to(o_t, 4) && rows % 4 == 0;
+    const bool packed_row_stores = cuda::aligned_to(o, 8) && cols % 8 == 0;
+    quantize_transpose_kernel<Format, T><<<grid, kThreads, 0, stream.handle()>>>(
+        in, o_t, o, rows, cols, s, amax_bits, packed_loads, packed_stores, packed_row_stores);
   } else if (cuda::aligned_to(in, 16) && (o == nullptr || cuda::aligned_to(o, 16))) {
     quantize_kernel<Format, T, true>
         <<<cuda::grid_for(n / kVec + 1, kThreads), kThreads, 0, stream.handle()>>>(in, o, n, s, amax_bits);
@@ -268,7 +281,7 @@ void launch_dequantize(const cuda::Stream& stream, const Tensor& q, const Tensor
 
 // ---- entry points ----
 
-void quantize_cuda(const Tensor& x, const Tensor& scale, const Tensor& out, Fp8Layout layout, const Tensor& amax) {
+void quantize_cuda(const Tensor& x, const Tensor& scale, const Tensor& out, const Tensor& out_t, const Tensor& amax) {
   const int device = x.device().index;
   cuda::DeviceGuard on_device(device);
   const cuda::Stream stream = cuda::current_stream(device);
@@ -277,10 +290,11 @@ void quantize_cuda(const Tensor& x, const Tensor& scale, const Tensor& out, Fp8L
   if (x.numel() == 0) return;
   dispatch_floating(x.dtype(), "quantize_fp8", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (!out.defined() || out.dtype() == DType::f8e4m3) {
-      launch_quantize<F8E4M3Format, T>(stream, x, scale, out, layout, amax_bits);
+    const Tensor& format = out.defined() ? out : out_t;
+    if (!format.defined() || format.dtype() == DType::f8e4m3) {
+      launch_quantize<F8E4M3Format, T>(stream, x, scale, out, out_t, amax_bits);
     } else {
-      launch_quantize<F8E5M2Format, T>(stream, x, scale, out, layout, amax_bits);
+      launch_quantize<F8E5M2Format, T>(stream, x, scale, out, out_t, amax_bits);
     }
   });
 }

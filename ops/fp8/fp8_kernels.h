@@ -42,10 +42,11 @@ MT_HOST_DEVICE inline float scale_from_amax(float amax, float scaled_max, float 
 MT_HOST_DEVICE inline bool saturated(float amax, float scale, float bound) { return amax * scale > bound; }
 
 // ---- casts ----
-// x contiguous (f64/f32/f16/bf16); scale f32 [1]; out fp8 (x's numel, or [K, M] for x [M, K] when
-// transposed) or undefined (the amax alone); amax f32 [1], overwritten with max |x|.
-void quantize_cpu(const Tensor& x, const Tensor& scale, const Tensor& out, Fp8Layout layout, const Tensor& amax);
-void quantize_cuda(const Tensor& x, const Tensor& scale, const Tensor& out, Fp8Layout layout, const Tensor& amax);
+// x contiguous (f64/f32/f16/bf16); scale f32 [1]; out fp8 with x's numel, or undefined; out_t fp8
+// [K, M] for a 2-D x [M, K] (its transpose), or undefined; neither: the amax alone. amax f32 [1],
+// overwritten with max |x|.
+void quantize_cpu(const Tensor& x, const Tensor& scale, const Tensor& out, const Tensor& out_t, const Tensor& amax);
+void quantize_cuda(const Tensor& x, const Tensor& scale, const Tensor& out, const Tensor& out_t, const Tensor& amax);
 
 // out = q / scale, elementwise; q and out contiguous with q's numel.
 void dequantize_cpu(const Tensor& q, const Tensor& scale, const Tensor& out);

@@ -68,18 +68,17 @@ Cast cast(const Tensor& t, const Fp8Recipe& recipe, Fp8TensorState& state, DType
     c.scale = s.scale;
     c.scale_inv = s.scale_inv;
   }
-  Tensor amax;
-  if (as_is) {
-    Fp8Quantized q = quantize_fp8(t, c.scale, format);
+  const Fp8Layout layout = as_is && transposed ? Fp8Layout::both
+                           : transposed        ? Fp8Layout::transposed
+                                               : Fp8Layout::as_is;
+  Fp8Quantized q = quantize_fp8(t, c.scale, format, layout);
+  if (layout == Fp8Layout::both) {
     c.q = q.data;
-    amax = q.amax;
+    c.q_t = q.data_t;
+  } else {
+    (transposed ? c.q_t : c.q) = q.data;
   }
-  if (transposed) {
-    Fp8Quantized q = quantize_fp8(t, c.scale, format, Fp8Layout::transposed);
-    c.q_t = q.data;
-    if (!amax.defined()) amax = q.amax;
-  }
-  if (delayed) state.update(amax);
+  if (delayed) state.update(q.amax);
   return c;
 }
 

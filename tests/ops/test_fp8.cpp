@@ -150,8 +150,8 @@ void expect_amax(Device device) {
 
 TEST(Fp8Quantize, AmaxIsExactAndPropagatesNaN) { expect_amax(kCPU); }
 
-// x [M, K] random in `dtype`, cast plain and transposed: the transposed bytes are the plain
-// ones transposed; the amax is the same.
+// x [M, K] random in `dtype`, cast plain, transposed and both: the transposed bytes are the plain
+// ones transposed, both gives the two; the amax is the same.
 void expect_transpose_consistent(Device device, DType dtype, int64_t m, int64_t k, DType format) {
   Generator gen(static_cast<uint64_t>(m * 1000 + k));
   const Tensor x = raw::to(randn({m, k}, DType::f32, &gen) * 40.0, device).to(dtype);
@@ -167,6 +167,15 @@ void expect_transpose_consistent(Device device, DType dtype, int64_t m, int64_t 
     }
   }
   EXPECT_EQ(amax_bits(plain.amax), amax_bits(trans.amax));
+  // Both layouts from one pass: the same bytes as the two separate casts, the same amax.
+  const Fp8Quantized both = quantize_fp8(x, scale, format, Fp8Layout::both);
+  ASSERT_EQ(both.data.shape(), (Shape{m, k}));
+  ASSERT_EQ(both.data_t.shape(), (Shape{k, m}));
+  EXPECT_EQ(bytes_of(both.data), p) << dtype_name(dtype) << " [" << m << ", " << k << "] on " << device.str();
+  EXPECT_EQ(bytes_of(both.data_t), t) << dtype_name(dtype) << " [" << m << ", " << k << "] on " << device.str();
+  EXPECT_EQ(amax_bits(both.amax), amax_bits(plain.amax));
+  EXPECT_FALSE(plain.data_t.defined());
+  EXPECT_FALSE(trans.data_t.defined());
 }
 
 TEST(Fp8Quantize, TransposedIsTheTransposeOfThePlainCast) {
@@ -492,6 +501,7 @@ void expect_cuda_cast_matches_cpu(const Tensor& x_cpu, const Tensor& x_gpu, floa
         << x_bits;
   }
   EXPECT_EQ(amax_bits(g.amax), amax_bits(c.amax)) << what;
+  if (layout == Fp8Layout::both) EXPECT_EQ(bytes_of(g.data_t), bytes_of(c.data_t)) << what << " transposed copy";
 }
 
 // Each code's value, its neighbours one f32 ulp away, the midpoints between consecutive codes and
@@ -542,7 +552,7 @@ TEST(Fp8QuantizeCuda, ConversionMatchesTheCpuBitForBit) {
   }
 }
 
-TEST(Fp8QuantizeCuda, PlainAndTransposedCastsMatchTheCpuBitForBit) {
+TEST(Fp8QuantizeCuda, PlainTransposedAndBothCastsMatchTheCpuBitForBit) {
   MT_SKIP_WITHOUT_CUDA();
   const std::vector<Shape> shapes = {{1, 1}, {3, 5}, {64, 64}, {67, 131}, {128, 256}, {130, 72}, {257, 33}, {16, 1000}};
   for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
@@ -550,7 +560,7 @@ TEST(Fp8QuantizeCuda, PlainAndTransposedCastsMatchTheCpuBitForBit) {
       Generator gen(static_cast<uint64_t>(shape[0] * 7 + shape[1]));
       const Tensor x = (randn(shape, DType::f32, &gen) * 100.0).to(dtype);
       for (const DType format : {DType::f8e4m3, DType::f8e5m2}) {
-        for (const Fp8Layout layout : {Fp8Layout::as_is, Fp8Layout::transposed}) {
+        for (const Fp8Layout layout : {Fp8Layout::as_is, Fp8Layout::transposed, Fp8Layout::both}) {
           expect_cuda_cast_matches_cpu(x, x.to(gpu()), 2.5f, format, layout,
                                        std::string(dtype_name(dtype)) + shape_str(shape));
         }
