@@ -11,6 +11,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/elementwise/functors.h"
 #include "ops/map.h"
+#include "ops/matmul/lora_branch.h"
 #include "ops/matmul/matmul_kernels.h"
 #include "ops/reduction/reduction.h"
 #include "ops/reduction/reduction_kernels.h"
@@ -589,6 +590,72 @@ Tensor linear_gelu_forward(const Tensor& h, const LinearOperands& o, DType dtype
 
 }  // namespace
 
+// ---- LoRA's branch (ops/matmul/lora_branch.h) ----
+
+namespace ops {
+
+Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b, double scale,
+                           DType dtype) {
+  const int64_t p = out.size(0), in = lora_a.size(1), r = lora_a.size(0);
+  const Tensor t = empty({p, r}, TensorOptions().dtype(dtype).device(out.device()));
+  linear_forward(raw::unsqueeze(t, 0), h, lora_a, Tensor(), dtype, p, in);
+  GemmArgs accumulate;
+  accumulate.transpose_b = Transpose::yes;
+  accumulate.alpha = scale;
+  accumulate.beta = 1.0;
+  gemm(raw::unsqueeze(out, 0), raw::unsqueeze(t, 0), raw::unsqueeze(as_dtype(lora_b, dtype), 0), accumulate);
+  return t;
+}
+
+void save_lora_branch(LambdaNode& node, const Tensor& t, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b,
+                      bool want_h, bool want_a, bool want_b) {
+  if (want_b) node.save("t", t);
+  if (want_a) node.save("h", h);
+  if (want_h || want_a) node.save("lora_b", lora_b);
+  if (want_h) node.save("lora_a", lora_a);
+}
+
+LoraBranchGrads lora_branch_backward(const Tensor& dy, const LambdaNode& self, const LoraBranchWanted& want,
+                                     double scale) {
+  const int64_t p = dy.size(0), out_features = dy.size(1);
+  const DType dtype = dy.dtype();
+  const TensorOptions options = options_of(dy);
+  LoraBranchGrads grads;
+  if (want.b) {  // dB [out, r] = scale dy^T t
+    const Tensor t = as_dtype(self.saved_tensor("t"), dtype);
+    grads.b = empty({out_features, t.size(1)}, options.dtype(gradient_dtype(dtype, want.b_dtype)));
+    GemmArgs args;
+    args.transpose_a = Transpose::yes;
+    args.alpha = scale;
+    gemm(raw::unsqueeze(grads.b, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(t, 0), args);
+  }
+  if (want.h || want.a) {
+    // dt [P, r] = scale dy B
+    const Tensor lora_b = as_dtype(self.saved_tensor("lora_b"), dtype);
+    const int64_t r = lora_b.size(1);
+    const Tensor dt = empty({p, r}, options);
+    GemmArgs args;
+    args.alpha = scale;
+    gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(lora_b, 0), args);
+    if (want.a) {  // dA [r, in] = dt^T h
+      const Tensor h = as_dtype(self.saved_tensor("h"), dtype);
+      const int64_t in = h.size(-1);
+      grads.a = empty({r, in}, options.dtype(gradient_dtype(dtype, want.a_dtype)));
+      GemmArgs dt_transposed;
+      dt_transposed.transpose_a = Transpose::yes;
+      gemm(raw::unsqueeze(grads.a, 0), raw::unsqueeze(dt, 0), raw::unsqueeze(raw::reshape(h, {p, in}), 0),
+           dt_transposed);
+    }
+    if (want.h) {  // dh [P, in] = dt A
+      grads.h =
+          product(dt, Transpose::no, as_dtype(self.saved_tensor("lora_a"), dtype), Transpose::no).reshape(want.h_shape);
+    }
+  }
+  return grads;
+}
+
+}  // namespace ops
+
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const LinearOperands o = linear_operands("linear", x_in, weight_in, bias_in);
   const DType dtype = check_linear("linear", o.x, o.w, o.b);
@@ -725,66 +792,33 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
   Tensor out = empty(leading_dims_and(x, out_features), TensorOptions().dtype(dtype).device(x.device()));
   const Tensor out3 = raw::view(out, {1, p, out_features});
   linear_forward(out3, x, weight, bias, dtype, p, in);
-  // t [P, r] = h A^T, then y += scale * t B^T by the GEMM itself (beta 1).
-  const Tensor t = empty({p, r}, TensorOptions().dtype(dtype).device(x.device()));
-  linear_forward(raw::unsqueeze(t, 0), h, lora_a, Tensor(), dtype, p, in);
-  GemmArgs accumulate;
-  accumulate.transpose_b = Transpose::yes;
-  accumulate.alpha = scale;
-  accumulate.beta = 1.0;
-  ops::gemm(out3, raw::unsqueeze(t, 0), raw::unsqueeze(ops::as_dtype(lora_b, dtype), 0), accumulate);
+  const Tensor t = ops::lora_branch_forward(raw::view(out, {p, out_features}), h, lora_a, lora_b, scale, dtype);
 
   const std::vector<Tensor> inputs = {x, h, weight_in, bias_in, a_in, b_in};  // what the node records
   if (autograd::needs_grad(inputs)) {
     auto node = std::make_shared<LambdaNode>(
-        "LoraLinearBackward", [p, in, r, out_features, scale](const std::vector<Tensor>& g, const LambdaNode& self) {
+        "LoraLinearBackward", [p, in, out_features, scale](const std::vector<Tensor>& g, const LambdaNode& self) {
           const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
-          const DType dtype = dy.dtype();
-          const TensorOptions options = ops::options_of(dy);
           LinearGrads base =
               linear_backward(dy, self.saved_tensor_or_none("x"), self.saved_tensor_or_none("weight"),
                               self.needs_input_grad(0), self.needs_input_grad(2), self.needs_input_grad(3), in,
                               self.input_meta[2].dtype, self.input_meta[3].dtype);
-          Tensor gh, ga, gb;
-          if (self.needs_input_grad(5)) {  // dB [out, r] = scale dy^T t
-            gb = empty({out_features, r}, options.dtype(gradient_dtype(dtype, self.input_meta[5].dtype)));
-            GemmArgs args;
-            args.transpose_a = Transpose::yes;
-            args.alpha = scale;
-            ops::gemm(raw::unsqueeze(gb, 0), raw::unsqueeze(dy, 0),
-                      raw::unsqueeze(ops::as_dtype(self.saved_tensor("t"), dtype), 0), args);
-          }
-          if (self.needs_input_grad(1) || self.needs_input_grad(4)) {
-            // dt [P, r] = scale dy B
-            const Tensor dt = empty({p, r}, options);
-            GemmArgs args;
-            args.alpha = scale;
-            ops::gemm(raw::unsqueeze(dt, 0), raw::unsqueeze(dy, 0),
-                      raw::unsqueeze(ops::as_dtype(self.saved_tensor("lora_b"), dtype), 0), args);
-            if (self.needs_input_grad(4)) {  // dA [r, in] = dt^T h
-              ga = empty({r, in}, options.dtype(gradient_dtype(dtype, self.input_meta[4].dtype)));
-              GemmArgs dt_transposed;
-              dt_transposed.transpose_a = Transpose::yes;
-              ops::gemm(raw::unsqueeze(ga, 0), raw::unsqueeze(dt, 0),
-                        raw::unsqueeze(raw::reshape(ops::as_dtype(self.saved_tensor("h"), dtype), {p, in}), 0),
-                        dt_transposed);
-            }
-            if (self.needs_input_grad(1)) {  // dh [P, in] = dt A
-              gh = product(dt, Transpose::no, ops::as_dtype(self.saved_tensor("lora_a"), dtype), Transpose::no)
-                       .reshape(self.input_meta[1].shape);
-            }
-          }
+          ops::LoraBranchWanted want;
+          want.h = self.needs_input_grad(1);
+          want.a = self.needs_input_grad(4);
+          want.b = self.needs_input_grad(5);
+          want.h_shape = self.input_meta[1].shape;
+          want.a_dtype = self.input_meta[4].dtype;
+          want.b_dtype = self.input_meta[5].dtype;
+          const ops::LoraBranchGrads branch = ops::lora_branch_backward(dy, self, want, scale);
           if (base.x.defined()) base.x = base.x.reshape(self.input_meta[0].shape);
-          return std::vector<Tensor>{base.x, gh, base.weight, base.bias, ga, gb};
+          return std::vector<Tensor>{base.x, branch.h, base.weight, base.bias, branch.a, branch.b};
         });
-    // Saved: x (dW), W (dx), t (dB), h (dA), B (dt), A (dh).
-    const bool need_dt = autograd::requires_grad(h) || autograd::requires_grad(a_in);
+    // Saved: x (dW), W (dx), and the branch's (t for dB, h for dA, B for dA and dh, A for dh).
     if (autograd::requires_grad(weight_in)) node->save("x", x);
     if (autograd::requires_grad(x)) node->save("weight", weight);
-    if (autograd::requires_grad(b_in)) node->save("t", t);
-    if (autograd::requires_grad(a_in)) node->save("h", h);
-    if (need_dt) node->save("lora_b", lora_b);
-    if (autograd::requires_grad(h)) node->save("lora_a", lora_a);
+    ops::save_lora_branch(*node, t, h, lora_a, lora_b, autograd::requires_grad(h), autograd::requires_grad(a_in),
+                          autograd::requires_grad(b_in));
     autograd::record(node, inputs, {out});
   }
   return out;
