@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <typeinfo>
@@ -133,12 +134,15 @@ const Tensor& Module::register_parameter(const std::string& name, Tensor tensor,
   return parameters_.back().second;
 }
 
-const Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
+const Tensor& Module::register_buffer(const std::string& name, Tensor tensor, BufferDType dtype_rule) {
   check_new_name(name);
   MT_CHECK(tensor.defined(), "Module::register_buffer: '", name, "' is an undefined tensor");
   buffers_.emplace_back(name, tensor.detach());
+  if (dtype_rule == BufferDType::fixed) fixed_dtype_buffers_.push_back(name);
   return buffers_.back().second;
 }
+
+void Module::set_tensor_data(const Tensor& t, const Tensor& src) { set_data(t, src); }
 
 template <typename Visit>
 void Module::visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const {
@@ -197,11 +201,20 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   MT_CHECK_T(DTypeError, is_floating(dtype), "Module::to: ", dtype_name(dtype), " is not a floating dtype");
   NoGradGuard no_grad;
-  auto cast = [&](const std::string&, const Tensor& t) {
-    if (is_floating(t.dtype()) && t.dtype() != dtype) set_data(t, raw::to(t, dtype));
+  convert_to(dtype);
+}
+
+void Module::convert_to(DType dtype) {
+  auto cast = [&](const Tensor& t) {
+    if (is_compute_floating(t.dtype()) && t.dtype() != dtype) set_data(t, raw::to(t, dtype));
   };
-  visit_tensors("", true, cast);
-  visit_tensors("", false, cast);
+  for (const auto& [name, t] : parameters_) cast(t);
+  for (const auto& [name, t] : buffers_) {
+    if (std::find(fixed_dtype_buffers_.begin(), fixed_dtype_buffers_.end(), name) == fixed_dtype_buffers_.end()) {
+      cast(t);
+    }
+  }
+  for (Child& child : children_) child.module->convert_to(dtype);
 }
 
 void Module::requires_grad_(bool requires_grad) {
@@ -244,6 +257,12 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
     MT_CHECK_T(ShapeError, it->second.shape() == target.shape(), "load_state_dict: '", name, "' has shape ",
                shape_str(it->second.shape()), " in the state but ", shape_str(target.shape()), " in the module");
     check_loadable("load_state_dict", name, it->second.dtype(), target.dtype());
+    const auto fp8 = [](DType d) { return d == DType::f8e4m3 || d == DType::f8e5m2; };
+    MT_CHECK_T(DTypeError, fp8(it->second.dtype()) == fp8(target.dtype()), "load_state_dict: '", name, "' is ",
+               dtype_name(it->second.dtype()), " in the state but ", dtype_name(target.dtype()),
+               " in the module; an FP8 tensor stands for its values only with the scales stored beside it, so it "
+               "loads only from an FP8 tensor (a high-precision checkpoint loads before nn::quantize_linears_fp8 "
+               "casts the weights)");
   }
   NoGradGuard no_grad;
   for (const auto& [name, target] : mine) {

@@ -84,14 +84,18 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   void to(Device device);
-  void to(DType dtype);  // floating parameters and buffers only
+  // Floating parameters and buffers only (f64, f32, f16, bf16), except buffers registered with
+  // BufferDType::fixed. FP8 tensors keep their format: their values mean something only with the
+  // scales stored beside them (Note [FP8 frozen base], ops/fp8/fp8_rowwise.h).
+  void to(DType dtype);
   void requires_grad_(bool requires_grad);
   void freeze() { requires_grad_(false); }
 
   // ---- state ----
   std::map<std::string, Tensor> state_dict() const;  // parameters and buffers, detached
   // Copies values into the existing tensors (their dtype and device stay). With
-  // strict, missing and unexpected names are errors; shapes must always match.
+  // strict, missing and unexpected names are errors; shapes must always match, and an FP8
+  // tensor loads only from an FP8 one (and the reverse): a conversion would drop its scales.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
   void save(const std::string& path) const;  // safetensors, written atomically
   void load(const std::string& path, bool strict = true);
@@ -109,8 +113,17 @@ class Module {
   TraceScope trace_scope() const { return TraceScope(*this); }
 
  protected:
+  // What to(DType) does with a buffer: convert it with the parameters, or keep its dtype (the f32
+  // scales of an FP8 weight, which the FP8 GEMMs read as f32 whatever the model's dtype).
+  enum class BufferDType { follows_module, fixed };
+
   const Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
-  const Tensor& register_buffer(const std::string& name, Tensor tensor);
+  const Tensor& register_buffer(const std::string& name, Tensor tensor,
+                                BufferDType dtype_rule = BufferDType::follows_module);
+  // Points the handle t (one of this module's parameters or buffers) at src's data: storage, shape,
+  // strides and dtype. Its identity and autograd state stay, so every member and list holding the
+  // handle sees the new data (to(), and a weight replaced by its FP8 form).
+  static void set_tensor_data(const Tensor& t, const Tensor& src);
   // A child without a member slot (containers, or members never replaced).
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -140,9 +153,11 @@ class Module {
   void check_new_name(const std::string& name) const;
   template <typename Visit>
   void visit_tensors(const std::string& prefix, bool parameters, Visit&& visit) const;
+  void convert_to(DType dtype);  // to(DType) below the checks, recursively
 
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::string> fixed_dtype_buffers_;  // registered with BufferDType::fixed
   std::vector<Child> children_;
   bool training_ = true;
   // Filled on first use with the type's name unless a name was set: the dynamic type is only
