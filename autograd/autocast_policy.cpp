@@ -21,6 +21,8 @@ constexpr Entry kPolicy[] = {
     {"linear_gelu", P::lower_precision},
     {"mlp_gelu", P::lower_precision},
     {"lora_linear", P::lower_precision},
+    {"fp8_rowwise_linear", P::lower_precision},  // an FP8 GEMM; its output in the low dtype
+    {"fp8_lora_linear", P::lower_precision},
     {"linear_cross_entropy", P::lower_precision},  // GEMMs low; its loss is f32 regardless
     {"conv2d", P::lower_precision},
     {"scaled_dot_product_attention", P::lower_precision},

@@ -80,6 +80,13 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) {
 
 void save_hf_checkpoint(const std::string& dir, const std::map<std::string, Tensor>& state, int64_t max_shard_bytes) {
   MT_CHECK(max_shard_bytes > 0, "save_hf_checkpoint: max_shard_bytes must be positive");
+  for (const auto& [name, t] : state) {
+    MT_CHECK_T(DTypeError, t.dtype() != DType::f8e4m3 && t.dtype() != DType::f8e5m2, "save_hf_checkpoint: ", dir, ": '",
+               name, "' is ", dtype_name(t.dtype()),
+               ", an FP8 frozen base (nn::quantize_linears_fp8); a Hugging Face checkpoint is written from the "
+               "high-precision weights: save the adapter alone (save_adapter) and merge it into the original base "
+               "with mt_merge");
+  }
   std::vector<std::map<std::string, Tensor>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (const auto& [name, t] : state) {

@@ -31,7 +31,10 @@ class HfCheckpoint {
 };
 
 // Writes `state` (HF names) as dir/model.safetensors, or, when larger than max_shard_bytes, as
-// shards and their index (each file atomic). Tensors are placed in name order.
+// shards and their index (each file atomic). Tensors are placed in name order. An FP8 tensor (a
+// frozen base from quantize_linears_fp8) is refused before anything is written: a Hugging Face
+// checkpoint holds the high-precision weights, which such a model no longer has (the directory may
+// already exist; no file is written).
 void save_hf_checkpoint(const std::string& dir, const std::map<std::string, Tensor>& state, int64_t max_shard_bytes);
 
 }  // namespace mt::nn

@@ -6,6 +6,7 @@
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
+#include "ops/fp8/fp8_rowwise.h"
 #include "ops/matmul/matmul.h"
 #include "ops/norm/norm.h"
 
@@ -21,7 +22,7 @@ Linear::Linear(const LinearOptions& options, Generator* generator) {
     bias = register_parameter("bias", uniform({options.out_features()}, -bound, bound, {}, generator));
 }
 
-Linear::Linear(const Tensor& weight_, const Tensor& bias_) {
+Linear::Linear(const Tensor& weight_, const Tensor& bias_, const Tensor& weight_scale_inv_) {
   MT_CHECK(weight_.defined() && weight_.dim() == 2, "Linear: weight must be a 2-D [out, in] tensor, got ",
            weight_.defined() ? shape_str(weight_.shape()) : std::string("an undefined tensor"));
   MT_CHECK_T(DTypeError, is_floating(weight_.dtype()), "Linear: weight must be floating, got ",
@@ -29,16 +30,48 @@ Linear::Linear(const Tensor& weight_, const Tensor& bias_) {
   MT_CHECK_T(ShapeError, !bias_.defined() || bias_.shape() == Shape{weight_.size(0)}, "Linear: bias must have shape ",
              shape_str({weight_.size(0)}), " for weight ", shape_str(weight_.shape()), ", got ",
              bias_.defined() ? shape_str(bias_.shape()) : std::string());
-  weight = register_parameter("weight", weight_);
+  const bool fp8 = weight_scale_inv_.defined();
+  MT_CHECK_T(DTypeError, fp8 == (weight_.dtype() == DType::f8e4m3), "Linear: ",
+             fp8 ? "with weight_scale_inv the weight must be f8e4m3 (an FP8 weight), got "
+                 : "an FP8 weight needs its weight_scale_inv (the f32 scale of each row), got weight ",
+             dtype_name(weight_.dtype()));
+  if (fp8) {
+    MT_CHECK_T(DTypeError,
+               weight_scale_inv_.dtype() == DType::f32 && weight_scale_inv_.shape() == Shape{weight_.size(0)},
+               "Linear: weight_scale_inv must be f32 [", weight_.size(0), "] for weight ", shape_str(weight_.shape()),
+               ", got ", dtype_name(weight_scale_inv_.dtype()), shape_str(weight_scale_inv_.shape()));
+    MT_CHECK_T(DeviceError, weight_scale_inv_.device() == weight_.device(), "Linear: weight_scale_inv is on ",
+               weight_scale_inv_.device().str(), " but the weight on ", weight_.device().str());
+  }
+  weight = register_parameter("weight", weight_, /*requires_grad=*/!fp8);
   if (bias_.defined()) bias = register_parameter("bias", bias_);
+  if (fp8) weight_scale_inv = register_buffer("weight_scale_inv", weight_scale_inv_, BufferDType::fixed);
+}
+
+void Linear::quantize_weight_fp8() {
+  MT_CHECK(!has_fp8_weight(), "Linear::quantize_weight_fp8: the weight is FP8 already");
+  MT_CHECK_T(DTypeError, is_compute_floating(weight.dtype()),
+             "Linear::quantize_weight_fp8: the weight must be f64, f32, f16 or bf16, got ", dtype_name(weight.dtype()));
+  MT_CHECK_T(ShapeError, weight.size(0) % 16 == 0 && weight.size(1) % 16 == 0,
+             "Linear::quantize_weight_fp8: an FP8 weight needs out and in features that are multiples of 16 "
+             "(cuBLASLt's FP8 GEMMs), got ",
+             shape_str(weight.shape()));
+  const Fp8RowQuantized q = quantize_fp8_rows(weight.detach(), DType::f8e4m3);
+  Tensor handle = weight;
+  handle.requires_grad_(false);
+  handle.set_grad(Tensor());
+  set_tensor_data(weight, q.data);
+  weight_scale_inv = register_buffer("weight_scale_inv", q.scale_inv, BufferDType::fixed);
+  fp8_state.reset();  // FP8 autocast's state, for a weight that no longer trains
 }
 
 bool Linear::runs_fp8(const Tensor& x) const {
-  return !fp8_excluded && x.defined() && fp8_autocast_enabled(x.device().type);
+  return has_fp8_weight() || (!fp8_excluded && x.defined() && fp8_autocast_enabled(x.device().type));
 }
 
 Tensor Linear::forward(const Tensor& x) const {
   const auto scope = trace_scope();
+  if (has_fp8_weight()) return fp8_rowwise_linear(x, weight, weight_scale_inv, bias);
   if (!runs_fp8(x)) return linear(x, weight, bias);
   const Fp8Recipe& recipe = fp8_autocast_recipe(x.device().type);
   if (!fp8_state) {

@@ -31,19 +31,32 @@ class LinearOptions {
 // (kaiming_uniform with a = sqrt(5), PyTorch's default).
 // Under Fp8AutocastGuard (ops/fp8/fp8_autocast.h) forward runs fp8_linear with the layer's FP8
 // state, made at the first such forward; elsewhere, and when fp8_excluded is set, linear().
+// A layer whose weight was stored in FP8 (quantize_weight_fp8: Note [FP8 frozen base],
+// ops/fp8/fp8_rowwise.h) is frozen and runs fp8_rowwise_linear, with or without the guard.
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options, Generator* generator = nullptr);
   // Wraps existing tensors, sharing their storage, as trainable parameters: weight
   // [out, in] and bias [out] or undefined. Layers that take over a Linear
   // (LoRALinear) and factors made in a given dtype and device start from here.
-  Linear(const Tensor& weight, const Tensor& bias);
+  // With weight_scale_inv ([out] f32), weight is an FP8 weight (f8e4m3, as quantize_weight_fp8
+  // leaves it) and is registered frozen, the factors as the buffer "weight_scale_inv".
+  Linear(const Tensor& weight, const Tensor& bias, const Tensor& weight_scale_inv = Tensor());
   virtual Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
-  // Whether forward(x) runs in FP8: FP8 autocast is on for x's device and the layer is not excluded.
-  // Models that fuse a Linear's GEMM into a bigger op (MLP's mlp_gelu) ask this first.
+  // Whether forward(x) runs in FP8: the weight is FP8, or FP8 autocast is on for x's device and the
+  // layer is not excluded. Models that fuse a Linear's GEMM into a bigger op (MLP's mlp_gelu) ask
+  // this first.
   bool runs_fp8(const Tensor& x) const;
-  Tensor weight;  // [out, in]
-  Tensor bias;    // [out], undefined without bias
+  // Replaces the weight by its rows cast to E4M3 with one scale each (quantize_fp8_rows), where the
+  // weight is: "weight" becomes the f8e4m3 [out, in] tensor (the same handle, frozen, its gradient
+  // dropped) and the f32 buffer "weight_scale_inv" [out] appears beside it (kept f32 by to(DType)).
+  // The high-precision weight's memory goes once nothing else holds it. Errors: a weight already
+  // FP8, or sides that are not multiples of 16 (what FP8 GEMMs take).
+  void quantize_weight_fp8();
+  bool has_fp8_weight() const { return weight_scale_inv.defined(); }
+  Tensor weight;            // [out, in]: f32/f16/bf16/f64, or f8e4m3 with weight_scale_inv
+  Tensor bias;              // [out], undefined without bias
+  Tensor weight_scale_inv;  // [out] f32: weight row i stands for weight[i] * weight_scale_inv[i]; else undefined
   // Kept out of FP8 autocast (an LM head: its logits feed the softmax, which FP8 would coarsen).
   bool fp8_excluded = false;
   // The FP8 scaling state (histories, scales, the weight cache); null until the first FP8 forward.

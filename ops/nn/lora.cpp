@@ -17,6 +17,7 @@
 #include "core/safetensors.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/fp8/fp8_rowwise.h"
 #include "ops/matmul/matmul.h"
 #include "ops/nn/adapter_config.h"
 #include "ops/shape/shape.h"
@@ -269,7 +270,7 @@ void check_adapter_tensors(const std::map<std::string, Tensor>& found, const std
 // ---- LoRALinear ----
 
 LoRALinear::LoRALinear(const Linear& base, const LoRAOptions& options, std::string path, Generator* generator)
-    : Linear(base.weight, base.bias),
+    : Linear(base.weight, base.bias, base.weight_scale_inv),
       options_(options),
       path_(std::move(path)),
       scale_(checked_scale(options, "LoRALinear")) {
@@ -291,10 +292,14 @@ Tensor LoRALinear::forward(const Tensor& x) const {
   if (merged_) return linear(x, weight, bias);                   // [..., out]
   const Tensor h = dropout(x, options_.dropout, is_training());  // x itself when p = 0 or in eval
   // One op: the adapter's product is added onto the base's output by its last GEMM.
-  const Tensor y = lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
+  const Tensor y = has_fp8_weight()
+                       ? fp8_lora_linear(x, h, weight, weight_scale_inv, bias, lora_A->weight, lora_B->weight, scale_)
+                       : lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
   // Outside autocast, f32 factors over a half-precision base would widen the layer's output and
   // everything after it: the output keeps the base's dtype, as the layer without adapters (PEFT too).
-  if (y.dtype() != x.dtype() && x.dtype() == weight.dtype() && !autocast::is_enabled(x.device().type)) {
+  // An FP8 base computes in x's dtype.
+  if (y.dtype() != x.dtype() && (x.dtype() == weight.dtype() || has_fp8_weight()) &&
+      !autocast::is_enabled(x.device().type)) {
     return cast(y, x.dtype());
   }
   return y;
@@ -309,6 +314,7 @@ Tensor LoRALinear::delta() const {
 
 void LoRALinear::merge() {
   MT_CHECK(!merged_, "LoRALinear::merge: '", path_, "' is already merged; merging again would add its update twice");
+  check_mergeable("LoRALinear::merge");
   NoGradGuard no_grad;
   const Tensor d = delta();
   weight.copy_(add(weight.detach().to(d.dtype()), d));  // one rounding into W's dtype
@@ -321,6 +327,13 @@ void LoRALinear::unmerge() {
   const Tensor d = delta();
   weight.copy_(sub(weight.detach().to(d.dtype()), d));
   merged_ = false;
+}
+
+void LoRALinear::check_mergeable(const char* who) const {
+  MT_CHECK(!has_fp8_weight(), who, ": '", path_,
+           "' has an FP8 base (its weight is E4M3 rows with per-channel scales, from quantize_linears_fp8), and "
+           "the update added there would be rounded to FP8 with it; save the adapter (save_adapter) and merge it into "
+           "the high-precision base instead (mt_merge, or merge_lora on the model loaded without an FP8 base)");
 }
 
 // ---- model-level functions ----
@@ -344,8 +357,10 @@ std::vector<std::string> apply_lora(Module& model, const LoRAOptions& options, G
 void merge_lora(Module& model) {
   const auto layers = lora_layers(model);
   MT_CHECK(!layers.empty(), "merge_lora: the model has no LoRA layers");
-  for (const auto& [path, layer] : layers)
+  for (const auto& [path, layer] : layers) {
     MT_CHECK(!layer->merged(), "merge_lora: '", path, "' is already merged; no layer was changed");
+    layer->check_mergeable("merge_lora");
+  }
   for (const auto& [path, layer] : layers) layer->merge();
 }
 
@@ -360,6 +375,7 @@ void unmerge_lora(Module& model) {
 void merge_and_unload(Module& model) {
   const auto layers = lora_layers(model);
   MT_CHECK(!layers.empty(), "merge_and_unload: the model has no LoRA layers");
+  for (const auto& [path, layer] : layers) layer->check_mergeable("merge_and_unload");
   std::map<std::string, Module*> by_path;
   for (const auto& [path, m] : model.named_modules()) by_path[path] = m.get();
   for (const auto& [path, layer] : layers) {

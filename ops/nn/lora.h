@@ -48,10 +48,15 @@ class LoRALinear : public Linear {
   Tensor forward(const Tensor& x) const override;  // [..., in] -> [..., out]
 
   // See Note [LoRA merge precision]. Merging a merged layer, or unmerging an
-  // unmerged one, is an error.
+  // unmerged one, is an error; so is merging into an FP8 base (check_mergeable).
   void merge();
   void unmerge();
   bool merged() const { return merged_; }
+  // Throws, naming `who` and the layer, when the base is FP8 (Note [FP8 frozen base],
+  // ops/fp8/fp8_rowwise.h): its update would be rounded to FP8 with it, and the model is then no
+  // longer the high-precision one its adapter was trained for. Merge a saved adapter into the
+  // high-precision base instead (mt_merge).
+  void check_mergeable(const char* who) const;
 
   const LoRAOptions& options() const { return options_; }
   const std::string& path() const { return path_; }
@@ -70,7 +75,8 @@ class LoRALinear : public Linear {
 };
 
 // Replaces every targeted Linear of `model` by a LoRALinear and freezes every
-// parameter except the lora_A / lora_B weights. Returns the replaced paths in
+// parameter except the lora_A / lora_B weights. A Linear with an FP8 weight (quantize_linears_fp8,
+// ops/nn/fp8_base.h) keeps it: its LoRALinear runs fp8_lora_linear. Returns the replaced paths in
 // traversal order. Errors (the model unchanged): invalid options, no module matching,
 // a match that is not a plain Linear, a model that already has LoRA layers.
 std::vector<std::string> apply_lora(Module& model, const LoRAOptions& options, Generator* generator = nullptr);
@@ -79,14 +85,15 @@ std::vector<std::string> apply_lora(Module& model, const LoRAOptions& options, G
 std::vector<std::pair<std::string, std::shared_ptr<LoRALinear>>> lora_layers(const Module& model);
 
 // Merge or unmerge every LoRALinear of `model`; all must be in the opposite state
-// (checked before any is changed), and there must be at least one.
+// and none over an FP8 base (checked before any is changed), and there must be at least one.
 void merge_lora(Module& model);
 void unmerge_lora(Module& model);
 
 // PEFT's merge_and_unload: merges every LoRA layer (those not merged yet) and puts a
 // plain Linear holding the merged weight and the bias back in its place, so `model` is
 // the base architecture again, with the base layers' names and (frozen) state; its
-// state_dict then saves and loads like the base model's.
+// state_dict then saves and loads like the base model's. An FP8 base is refused before any layer
+// changes (LoRALinear::check_mergeable).
 void merge_and_unload(Module& model);
 
 // PEFT's print_trainable_parameters line:

@@ -1,6 +1,7 @@
 // Autocast: region state, the op policy, the cast cache.
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "ops/fp8/fp8_rowwise.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
 
@@ -127,6 +128,19 @@ std::vector<PolicyRow> policy_rows() {
       {"lora_linear",
        [=](DType) {
          return lora_linear(f32({2, 3}), f32({2, 3}), f32({4, 3}), f32({4}), f32({2, 3}), f32({4, 2}), 2.0);
+       },
+       true},
+      {"fp8_rowwise_linear",
+       [=](DType) {
+         const Fp8RowQuantized w = quantize_fp8_rows(f32({16, 16}));
+         return fp8_rowwise_linear(f32({2, 16}), w.data, w.scale_inv, f32({16}));
+       },
+       true},
+      {"fp8_lora_linear",
+       [=](DType) {
+         const Fp8RowQuantized w = quantize_fp8_rows(f32({16, 16}));
+         return fp8_lora_linear(f32({2, 16}), f32({2, 16}), w.data, w.scale_inv, f32({16}), f32({2, 16}), f32({16, 2}),
+                                2.0);
        },
        true},
       {"conv2d",
