@@ -6,12 +6,19 @@
 //   build/examples/mt_lora --base model/ --data new_text.tok --adapter-out adapter/ --r 8 --alpha 16
 //
 // A sample from the same prompt is printed before and after, so the change shows.
+//
+// --base-dtype fp8 holds the frozen base's Linear layers in E4M3 with a scale per output channel,
+// cast as the checkpoint is loaded (one layer at a time on its way to the device), their forward
+// and input-gradient GEMMs in FP8 (Note [FP8 frozen base]): half a bf16 base's memory. The adapter
+// saves as ever; merging is refused (the base would be the rounded one): merge the saved adapter
+// into the checkpoint with mt_merge.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <sstream>
 
 #include "examples/lm/trainer.h"
+#include "ops/nn/fp8_base.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
@@ -25,7 +32,7 @@ int main(int argc, char** argv) {
   train_flags.lr = 2e-3;
   train_flags.warmup = 20;
   train_flags.weight_decay = 0.0;
-  std::string base, adapter_out, merged_out, tokenizer_path, targets;
+  std::string base, adapter_out, merged_out, tokenizer_path, targets, base_dtype = "auto";
   mt::nn::LoRAOptions lora;
   std::string prompt = "The ";
   int64_t sample_tokens = 200;
@@ -38,6 +45,12 @@ int main(int argc, char** argv) {
                  "tokenizer directory or file of the samples (default: --base's, else bytes)");
   app.add_option("--adapter-out", adapter_out, "directory to save the adapter to (PEFT layout)")->required();
   app.add_option("--merged-out", merged_out, "also merge the adapter into the base and save the model here");
+  app.add_option("--base-dtype", base_dtype,
+                 "the frozen base's dtype: auto (the checkpoint's), f32, bf16, or fp8 (its Linear layers in E4M3 with "
+                 "a scale per output channel, their GEMMs in FP8; the rest keeps the checkpoint's dtype); the "
+                 "adapters are f32")
+      ->capture_default_str()
+      ->check(example::one_of({"auto", "f32", "bf16", "fp8"}));
   app.add_option("--r", lora.r, "LoRA rank")->capture_default_str()->check(example::positive());
   app.add_option("--alpha", lora.alpha, "LoRA alpha (scale alpha/r)")
       ->capture_default_str()
@@ -60,12 +73,23 @@ int main(int argc, char** argv) {
     // LoRALinear runs its own bf16 forward (ops/nn/lora.h), so FP8 would reach only the layers
     // without an adapter: with the default targets, none.
     MT_CHECK(train_flags.precision != "fp8",
-             "--precision fp8 is not supported for LoRA yet: the adapted layers run in bf16 (--precision amp)");
+             "--precision fp8 is not supported for LoRA yet: the adapted layers run in bf16 (--precision amp; "
+             "--base-dtype fp8 holds the frozen base in FP8 and runs its GEMMs in FP8)");
+    MT_CHECK(base_dtype != "fp8" || merged_out.empty(),
+             "--merged-out merges the adapter into the base's weights, which --base-dtype fp8 holds rounded to FP8; "
+             "save the adapter (--adapter-out) and merge it into the checkpoint's base with mt_merge");
     const example::Placement placement = placement_flags.resolve();
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(base);
     const auto tokenizer = lm_example::tokenizer_for(tokenizer_path, base);
     mt::tok::check_vocab_fits(*tokenizer, model->vocab_size(), "mt_lora");
+    if (base_dtype == "f32" || base_dtype == "bf16") model->to(mt::parse_dtype(base_dtype));
+    if (base_dtype == "fp8") {
+      const std::vector<std::string> quantized = mt::nn::quantize_linears_fp8(*model, placement.device);
+      if (placement.is_main()) {
+        std::printf("mt_lora: base in FP8 (E4M3, a scale per output channel): %zu Linear layers\n", quantized.size());
+      }
+    }
     model->to(placement.device);
     model->eval();
     lm_example::SampleOptions sampling;  // temperature 0.8, top-k 40

@@ -89,6 +89,10 @@ check fp8_with_block_checkpointing \
   "${train[@]}" --data "$w/a.tok" --precision fp8 --amp bf16 --checkpoint blocks
 check lora_fp8 "mt_lora: --precision fp8 is not supported for LoRA yet: the adapted layers run in bf16" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --precision fp8
+check lora_base_dtype_unknown "mt_lora: --base-dtype: expected auto, f32, bf16 or fp8, got f16" "${lora[@]}" \
+  --base "$w/model" --data "$w/a.tok" --base-dtype f16
+check lora_fp8_base_merged "mt_lora: --merged-out merges the adapter into the base's weights, which --base-dtype fp8" \
+  "${lora[@]}" --base "$w/model" --data "$w/a.tok" --base-dtype fp8 --merged-out "$w/merged_out"
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
@@ -123,6 +127,8 @@ check mlp_points_not_a_number "mlp: --points-per-class: expected a positive numb
 check gpt_step_steps_zero "gpt_step: --steps: expected a positive number, got 0" "$tools/gpt_step" --steps 0
 check mlp_step_repeats_zero "mlp_step: --repeats: expected a positive number, got 0" "$tools/mlp_step" --repeats 0
 check op_bench_iters_zero "op_bench: --iters: expected a positive number, got 0" "$tools/op_bench" --iters 0
+check llama_step_fp8_base_full_training "llama_step: --base-dtype fp8 is for LoRA (--lora-r > 0)" "$tools/llama_step" \
+  --device cpu --lora-r 0 --base-dtype fp8
 
 # --device and --amp: the same words in every program. args_for <program>: its required arguments.
 args_for() {

@@ -11,7 +11,10 @@
 // trains LoRA adapters of rank R, alpha 2R, on all seven projections (q, k, v, o, gate, up, down)
 // and freezes the rest; autocast then casts the frozen f32 base once and keeps its bf16 copies
 // (Note [Autocast cast cache]), or with --base-dtype bf16 the base is held in bf16 (the adapters
-// stay f32), as llama_step_torch.py holds PEFT's. The data are random token ids. A checkpointing
+// stay f32), as llama_step_torch.py holds PEFT's; with --base-dtype fp8 the seven projections'
+// weights are cast from bf16 to E4M3 with a scale per output channel and their forward and
+// input-gradient GEMMs run in FP8 (Note [FP8 frozen base]; the embedding, norms and head stay bf16).
+// The header line gives the bytes of the model's weights. The data are random token ids. A checkpointing
 // mode the model lacks, or one that runs out of memory, is reported in its row and the next mode
 // runs.
 #include <CLI/CLI.hpp>
@@ -24,6 +27,7 @@
 #include "core/cuda_context.h"
 #include "examples/common/cli.h"
 #include "examples/lm/trainer.h"
+#include "ops/nn/fp8_base.h"
 #include "ops/nn/llama.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
@@ -47,9 +51,11 @@ int main(int argc, char** argv) {
   app.add_option("--lora-r", lora_r, "LoRA rank on the seven projections, alpha 2r (0: train every parameter)")
       ->capture_default_str()
       ->check(example::non_negative());
-  app.add_option("--base-dtype", base_dtype, "with --lora-r: the frozen base's dtype (the adapters are f32)")
+  app.add_option("--base-dtype", base_dtype,
+                 "with --lora-r: the frozen base's dtype (the adapters are f32); fp8: the projections in E4M3 with a "
+                 "scale per output channel, their GEMMs in FP8")
       ->capture_default_str()
-      ->check(example::one_of({"f32", "bf16"}));
+      ->check(example::one_of({"f32", "bf16", "fp8"}));
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure (off, blocks, ...)")
       ->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str()->check(example::non_negative());
@@ -64,9 +70,10 @@ int main(int argc, char** argv) {
     MT_CHECK(placement.world_size() == 1, "llama_step runs in one process, not under mpirun");
     const mt::Device device = placement.device;
     MT_CHECK(lora_r > 0 || base_dtype == "f32", "--base-dtype ", base_dtype,
-             " is for LoRA (--lora-r > 0): full training keeps f32 weights");
-    MT_CHECK(base_dtype == "f32" || placement.amp.has_value(),
-             "--base-dtype bf16 runs under autocast (--amp bf16 or fp16), as llama_step_torch.py's LoRA does");
+             " is for LoRA (--lora-r > 0): full training keeps f32 weights",
+             base_dtype == "fp8" ? " (an FP8 base is frozen; FP8 training of every weight is Fp8AutocastGuard's)" : "");
+    MT_CHECK(base_dtype == "f32" || placement.amp.has_value(), "--base-dtype ", base_dtype,
+             " runs under autocast (--amp bf16 or fp16), as llama_step_torch.py's LoRA does");
     const mt::nn::LlamaConfig config = bench::llama_config(shape, config_path);
     MT_CHECK(seq <= config.max_position_embeddings, "--seq-len ", seq, " is longer than the model's ",
              config.max_position_embeddings, " positions (max_position_embeddings)");
@@ -75,13 +82,18 @@ int main(int argc, char** argv) {
     model.to(device);
     std::string training = "full training";
     if (lora_r > 0) {
-      if (base_dtype == "bf16") model.to(mt::DType::bf16);  // before apply_lora, which makes f32 adapters
+      // Before apply_lora, which makes f32 adapters; an FP8 base is cast from bf16, as from a bf16 checkpoint.
+      if (base_dtype != "f32") model.to(mt::DType::bf16);
       mt::nn::LoRAOptions lora;
       lora.r = lora_r;
       lora.alpha = 2.0 * static_cast<double>(lora_r);
       lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
       mt::nn::apply_lora(model, lora, &init);
-      const std::string base = base_dtype == "bf16"        ? "frozen base bf16, adapters f32"
+      if (base_dtype == "fp8") mt::nn::quantize_linears_fp8(model);
+      const std::string base = base_dtype == "bf16" ? "frozen base bf16, adapters f32"
+                               : base_dtype == "fp8"
+                                   ? "frozen base fp8 (E4M3, a scale per output channel; embedding and head bf16), "
+                                     "adapters f32"
                                : placement.amp.has_value() ? "frozen base f32, cast once to bf16 copies"
                                                            : "frozen base f32";
       training = example::format("LoRA r=%lld alpha=%lld on q,k,v,o,gate,up,down_proj (%s)",
@@ -89,10 +101,11 @@ int main(int argc, char** argv) {
     }
     mt::nn::name_modules_for_tracing(model, "llama");  // after apply_lora: its layers take their paths too
     const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
-    std::printf("llama_step: %s, B=%lld T=%lld, %s, amp %s, %s; %s\n",
+    std::printf("llama_step: %s, B=%lld T=%lld, %s, amp %s, %s; %s; weights %.2f GiB\n",
                 bench::llama_description(shape, config_path, config).c_str(), static_cast<long long>(batch),
                 static_cast<long long>(seq), device.str().c_str(), amp.c_str(), training.c_str(),
-                mt::nn::trainable_parameters_summary(model).c_str());
+                mt::nn::trainable_parameters_summary(model).c_str(),
+                static_cast<double>(mt::nn::weight_bytes(model)) / (1 << 30));
 
     mt::Generator data(1);
     const mt::Tensor ids = mt::uniform({batch, seq + 1}, 0, static_cast<double>(config.vocab_size), {}, &data)

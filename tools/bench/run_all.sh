@@ -144,6 +144,9 @@ llama_train_section() {
   echo "== Llama-3.2-1B shape, B=$lb, T=$lt, bf16 autocast, LoRA r=16 alpha=32 on the seven projections =="
   keep_going "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --base-dtype bf16 \
     --batch "$lb" --seq-len "$lt" --checkpoint off,blocks --profile "$profile"
+  echo "-- the same with the frozen base in FP8 (E4M3, a scale per output channel; its GEMMs in FP8) --"
+  keep_going "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --base-dtype fp8 \
+    --batch "$lb" --seq-len "$lt" --checkpoint off,blocks --profile "$profile"
   echo "-- the same with the frozen base in f32 (llama_step's default), cast once to bf16 copies by autocast --"
   keep_going "$build/tools/llama_step" --device cuda --shape llama-3.2-1b --lora-r 16 --batch "$lb" --seq-len "$lt" \
     --checkpoint off
