@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +40,21 @@ Shape leading_dims_and(const Tensor& x, int64_t last) {
   Shape shape(x.shape().begin(), x.shape().end() - 1);
   shape.push_back(last);
   return shape;
+}
+
+// Once per device and shape: the unfused path writes the product in f32 and reads it again, which
+// costs a GEMM at these sizes much of what FP8 saves; a benchmark should know it ran.
+void warn_unfused_once(Device device, int64_t m, int64_t n, int64_t k) {
+  static std::mutex mutex;
+  static auto* warned = new std::set<std::string>();  // never destroyed: warnings may come at exit
+  const std::string key = detail::str_cat(device.str(), " ", m, " ", n, " ", k);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned->insert(key).second) return;
+  std::fprintf(
+      stderr,
+      "mixtrain: warning: fp8_rowwise_gemm: cuBLASLt offers no FP8 GEMM with outer-vector scales for M = %lld, "
+      "N = %lld, K = %lld on %s; the product is written in f32 and scaled in a second pass (slower)\n",
+      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), device.str().c_str());
 }
 
 // A vector of per-row factors: f32 [n] on `device`.
@@ -187,6 +205,7 @@ Tensor fp8_rowwise_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& row_
     p.out = empty({m, n}, TensorOptions().dtype(out_dtype).device(device));
     if (bias.defined()) p.bias = aligned(bias);
     if (ops::fp8_rowwise_gemm_cuda(p)) return p.out;
+    warn_unfused_once(device, m, n, k);
 #endif
   }
 

@@ -56,7 +56,8 @@ Fp8RowQuantized quantize_fp8_rows(const Tensor& x, DType format = DType::f8e4m3,
 // a_q and b_q are f8e4m3 or f8e5m2, not both f8e5m2; the scale vectors f32 [M] and [N]; M, N and K
 // multiples of 16. Native (a GPU of compute capability 8.9 or later): one cuBLASLt GEMM with
 // outer-vector scales, or, where cuBLASLt does not offer them, fp8_gemm with unit scales into f32
-// and the scaling as the emulation does it. Emulation: fp8_gemm's f32 GEMM of the exact operands,
+// and the scaling as the emulation does it (with a warning on stderr, once per device and shape:
+// that second pass is slow). Emulation: fp8_gemm's f32 GEMM of the exact operands,
 // then (product * row_scale_inv_a[i]) * row_scale_inv_b[j] + bias[j] in f32, rounded once.
 Tensor fp8_rowwise_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& row_scale_inv_a,
                         const Tensor& row_scale_inv_b, DType out_dtype, const Tensor& bias = Tensor(),

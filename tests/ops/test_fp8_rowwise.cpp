@@ -513,6 +513,25 @@ TEST(Fp8RowwiseGemmCuda, NativeMatchesTheEmulation) {
   expect_native_matches_emulation(DType::bf16, true, 256, 512, 1024);
 }
 
+// The speed of the FP8 base rests on the outer-vector scales running inside the GEMM; cuBLASLt's
+// documentation offers them for FP8 on Hopper (compute capability 9.0). A failure here means the
+// slower second pass runs (fp8_rowwise_gemm's warning is the message), not a wrong result.
+TEST(Fp8RowwiseGemmCuda, HopperRunsTheOuterVectorScalesInTheGemm) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (cuda::compute_capability(0) != 90) GTEST_SKIP() << "not a Hopper GPU";
+  const int64_t m = 4096, n = 2048, k = 2048;  // a Llama-3.2-1B projection's shape
+  ::testing::internal::CaptureStderr();
+  for (const DType out : {DType::bf16, DType::f32}) {
+    fp8_rowwise_gemm(on_grid({m, k}, DType::f8e4m3, 121).to(gpu()), on_grid({n, k}, DType::f8e4m3, 122).to(gpu()),
+                     positive(m, 123).to(gpu()), positive(n, 124).to(gpu()), out);
+  }
+  fp8_rowwise_gemm(on_grid({m, k}, DType::f8e4m3, 125).to(gpu()), on_grid({n, k}, DType::f8e4m3, 126).to(gpu()),
+                   positive(m, 127).to(gpu()), positive(n, 128).to(gpu()), DType::bf16,
+                   ones({n}, TensorOptions().dtype(DType::bf16).device(gpu())));
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(warnings.find("outer-vector"), std::string::npos) << warnings;
+}
+
 TEST(Fp8RowwiseGemmCuda, EmulationIsTheScaledExactProduct) {
   MT_SKIP_WITHOUT_CUDA();
   for (const DType out : {DType::f32, DType::bf16}) {
