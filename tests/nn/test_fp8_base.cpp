@@ -242,8 +242,10 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
 
 // Two LoRA runs from the same weights and the same adapter draws, over the bf16 base and over its
 // FP8 form: the FP8 run's loss falls as the bf16 run's does (4.1 to 0.24 in 30 steps on the CPU),
-// within 5% of it at every step and over the last five (the CPU's largest gap: 4.0%, at step 27,
-// where the losses are 0.25 and 0.26; at the start 0.9%, the FP8 base's own rounding).
+// within 5% of it over the last five steps and within 5% plus 0.01 at every step (the CPU's largest
+// gap: 4.0%, at step 27, where the losses are 0.25 and 0.26; at the start 0.9%, the FP8 base's own
+// rounding). The 0.01 leaves room for a GPU's own order of additions near the end, where a small
+// difference is a large share of a small loss.
 void expect_lora_trains_like_over_bf16(Device device) {
   const Batch b = make_batch(device);
   auto reference = bf16_llama(6, device);
@@ -262,7 +264,7 @@ void expect_lora_trains_like_over_bf16(Device device) {
   const double gap = std::abs(mean_of_last(got, 5) - mean_of_last(ref, 5)) / mean_of_last(ref, 5);
   EXPECT_LT(gap, 0.05) << "fp8 " << mean_of_last(got, 5) << " bf16 " << mean_of_last(ref, 5) << " on " << device.str();
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LT(std::abs(got[i] - ref[i]), 0.05 * ref[i])
+    EXPECT_LT(std::abs(got[i] - ref[i]), 0.05 * ref[i] + 0.01)
         << "step " << i << ": fp8 " << got[i] << " bf16 " << ref[i] << " on " << device.str();
   }
 }
