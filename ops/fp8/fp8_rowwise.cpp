@@ -42,6 +42,7 @@ Shape leading_dims_and(const Tensor& x, int64_t last) {
   return shape;
 }
 
+#if MT_WITH_CUDA
 // Once per device and shape: the unfused path writes the product in f32 and reads it again, which
 // costs a GEMM at these sizes much of what FP8 saves; a benchmark should know it ran.
 void warn_unfused_once(Device device, int64_t m, int64_t n, int64_t k) {
@@ -56,6 +57,7 @@ void warn_unfused_once(Device device, int64_t m, int64_t n, int64_t k) {
       "N = %lld, K = %lld on %s; the product is written in f32 and scaled in a second pass (slower)\n",
       static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), device.str().c_str());
 }
+#endif
 
 // A vector of per-row factors: f32 [n] on `device`.
 void check_factors(const char* op, const char* what, const Tensor& t, int64_t n, Device device) {
