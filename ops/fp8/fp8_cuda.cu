@@ -7,13 +7,13 @@
 // reduction pass because a max is exact in any order, so the atomic result is deterministic, and
 // the amax then costs no extra launch and no partials buffer; the amax word is zeroed on the
 // stream first (graph-capturable).
-#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
 #include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
+#include "ops/fp8/fp8_convert.cuh"
 #include "ops/fp8/fp8_kernels.h"
 
 namespace mt::ops {
@@ -29,35 +29,6 @@ constexpr int kTilePitch = kTile + 4;
 constexpr int kChunk = 8;  // consecutive elements a thread loads in the transposing kernel
 
 // ---- kernels ----
-
-// Two values as Format's bits (lo in the low byte), by Note [Conversion rule]. On sm_89 and later
-// one cvt.rn.satfinite instruction converts both: round to nearest even, finite overflow and
-// infinities to +-max, subnormals kept: the rule's bits, except for NaN, whose sign and payload it
-// does not keep; a NaN takes the software conversion.
-template <typename Format>
-__device__ __forceinline__ uint32_t fp8_pair(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t pair;  // the instruction's first source goes to the upper byte
-  if constexpr (std::is_same_v<Format, F8E4M3Format>) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-  }
-  uint32_t lo_bits = pair & 0xffu, hi_bits = pair >> 8;
-  if (lo != lo) lo_bits = Format::from_f32(lo);
-  if (hi != hi) hi_bits = Format::from_f32(hi);
-  return lo_bits | (hi_bits << 8);
-#else
-  return Format::from_f32(lo) | (static_cast<uint32_t>(Format::from_f32(hi)) << 8);
-#endif
-}
-
-// v[0, 4) * scale (scaled(): the same NaN as on the CPU) as four FP8 bytes in one word, v[0] lowest.
-template <typename Format>
-__device__ __forceinline__ uint32_t fp8_word(const float* v, float scale) {
-  return fp8_pair<Format>(scaled(v[0], scale), scaled(v[1], scale)) |
-         (fp8_pair<Format>(scaled(v[2], scale), scaled(v[3], scale)) << 16);
-}
 
 // Folds every thread's m into *amax_bits: warp shuffles, then one atomicMax per block, skipped
 // when the word already holds as much (it only grows, so a stale read can only skip less).

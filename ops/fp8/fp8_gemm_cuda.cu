@@ -11,6 +11,12 @@
 // Numerics: CUBLAS_COMPUTE_32F with fast accumulation off (the default, set explicitly): the
 // tensor cores' partial sums are promoted into f32 accumulators as the kernel goes, rather than
 // kept in their narrower internal format for the whole of K.
+//
+// Scales: one per operand (fp8_gemm), or one per row of each operand (fp8_rowwise_gemm, the FP8
+// frozen base): cuBLASLt's outer-vector mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), whose
+// epilogue multiplies product (i, j) by its A vector's i-th and its B vector's j-th element; by the
+// swap above its A vector, of its M = our N elements, is our scale_inv_b. cuBLAS's documentation
+// asks for both operands' scale modes set to it. Both kinds share the runner below.
 #include <cublasLt.h>
 
 #include <array>
@@ -22,6 +28,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda_context.h"
 #include "ops/fp8/fp8_kernels.h"
+#include "ops/fp8/fp8_rowwise_kernels.h"
 #include "ops/matmul/cublaslt_descriptors.h"
 #include "ops/matmul/matmul_kernels.h"
 
@@ -64,7 +71,9 @@ struct Choice {
   size_t workspace = 0;
   bool found = false;
 };
-using Key = std::array<int64_t, 12>;
+using Key = std::array<int64_t, 13>;
+
+enum class Scales { per_tensor, per_row };
 
 std::mutex& cache_mutex() {
   static auto* m = new std::mutex();  // never destroyed, like the cache
@@ -75,9 +84,10 @@ std::map<Key, Choice>& cache() {
   return *c;
 }
 
-// Runs p through cuBLASLt, with the output amax written by the epilogue when with_amax. Returns
-// CUBLAS_STATUS_NOT_SUPPORTED, having run nothing, when the heuristic has no algorithm for it.
-cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax) {
+// Runs p through cuBLASLt, with the output amax written by the epilogue when with_amax (per-tensor
+// scales only). Returns CUBLAS_STATUS_NOT_SUPPORTED, having run nothing, when the heuristic has no
+// algorithm for it; a refusal at the heuristic or at the launch is remembered and not asked again.
+cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax, Scales scales) {
   const int device = p.out.device().index;
   const int64_t m = p.a.size(0), k = p.a.size(1), n = p.b.size(0);
   const cuda::Stream stream = cuda::current_stream(device);
@@ -89,6 +99,11 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax) {
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{0});
+  if (scales == Scales::per_row) {
+    const auto outer_vector = static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
+    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer_vector);
+    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer_vector);
+  }
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_inv_b.data_ptr());
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_inv_a.data_ptr());
   if (p.bias.defined()) {
@@ -116,7 +131,8 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax) {
                    align_b,
                    align_d,
                    p.bias.defined() ? alignment_of(p.bias.data_ptr()) : 0,
-                   with_amax ? 1 : 0};
+                   with_amax ? 1 : 0,
+                   static_cast<int64_t>(scales)};
   Choice choice;
   bool cached = false;
   {
@@ -148,8 +164,10 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax) {
         cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(), layout_d.get(), layout_d.get(),
                                        raw_pref, /*requestedAlgoCount=*/1, &result, &found);
     // A combination cuBLASLt does not serve comes back as NOT_SUPPORTED or as no result; an amax it
-    // cannot compute for this output may come back as INVALID_VALUE (then retried without it).
-    const bool refused = status == CUBLAS_STATUS_NOT_SUPPORTED || (with_amax && status == CUBLAS_STATUS_INVALID_VALUE);
+    // cannot compute for this output (then retried without it), or a scale mode this GPU or library
+    // does not offer, may come back as INVALID_VALUE.
+    const bool refused = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                         ((with_amax || scales == Scales::per_row) && status == CUBLAS_STATUS_INVALID_VALUE);
     if (!refused) MT_CUBLAS_CHECK(status);
     choice.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
     if (choice.found) {
@@ -168,9 +186,11 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax) {
       cublasLtMatmul(handle, raw_desc, &alpha, p.b.data_ptr(), layout_a.get(), p.a.data_ptr(), layout_b.get(), &beta, d,
                      layout_d.get(), d, layout_d.get(), &choice.algo, cublaslt_workspace(device),
                      cublaslt_workspace_bytes(), stream.handle());
-  if (status == CUBLAS_STATUS_INVALID_VALUE && with_amax) {  // the amax refused at launch: not asked again
+  // An amax or a scale mode refused at the launch (before any work): not asked again.
+  if (status == CUBLAS_STATUS_INVALID_VALUE && (with_amax || scales == Scales::per_row)) {
     std::lock_guard<std::mutex> lock(cache_mutex());
     cache()[key].found = false;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   return status;
 }
@@ -184,18 +204,33 @@ bool fp8_gemm_cuda(const Fp8GemmProblem& p) {
   if (with_amax) {
     MT_CUDA_CHECK(cudaMemsetAsync(p.amax.data_ptr(), 0, sizeof(float), cuda::current_stream(device).handle()));
   }
-  cublasStatus_t status = run(p, with_amax);
+  cublasStatus_t status = run(p, with_amax, Scales::per_tensor);
   // cuBLASLt computes the output's amax only for some output types; where it refuses (at the
   // heuristic or at the launch), the GEMM runs without it and the caller reduces the output.
   if (with_amax && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
     with_amax = false;
-    status = run(p, with_amax);
+    status = run(p, with_amax, Scales::per_tensor);
   }
   MT_CHECK(status != CUBLAS_STATUS_NOT_SUPPORTED, "fp8_gemm: cuBLASLt has no FP8 algorithm for [", p.a.size(0), ", ",
            p.a.size(1), "] ", dtype_name(p.a.dtype()), " x [", p.b.size(0), ", ", p.b.size(1), "] ",
            dtype_name(p.b.dtype()), "^T -> ", dtype_name(p.out.dtype()), " on ", p.out.device().str());
   MT_CUBLAS_CHECK(status);
   return with_amax;
+}
+
+bool fp8_rowwise_gemm_cuda(const Fp8RowwiseGemmProblem& p) {
+  cuda::DeviceGuard on_device(p.out.device().index);
+  Fp8GemmProblem problem;
+  problem.a = p.a;
+  problem.b = p.b;
+  problem.scale_inv_a = p.scale_inv_a;
+  problem.scale_inv_b = p.scale_inv_b;
+  problem.out = p.out;
+  problem.bias = p.bias;
+  const cublasStatus_t status = run(problem, /*with_amax=*/false, Scales::per_row);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  MT_CUBLAS_CHECK(status);
+  return true;
 }
 
 }  // namespace mt::ops

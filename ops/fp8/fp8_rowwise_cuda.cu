@@ -5,12 +5,12 @@
 // its packs, the block reduces max |v| over them, and the same registers are scaled, converted and
 // stored, 8 bytes a store. Any other row is read twice (the max, then the cast), the second time
 // mostly from L2, one element a thread at a time. Padding rows are written as zeros with factor 1.
-#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/packed.cuh"
 #include "core/cuda_context.h"
 #include "core/dispatch.h"
+#include "ops/fp8/fp8_convert.cuh"
 #include "ops/fp8/fp8_kernels.h"
 #include "ops/fp8/fp8_rowwise_kernels.h"
 
@@ -27,35 +27,6 @@ constexpr int kTile = 64;     // the transpose's tiles: kTile x kTile bytes per 
 constexpr int kTilePitch = kTile + 4;
 
 // ---- kernels ----
-
-// Two values as Format's bits (lo in the low byte), by Note [Conversion rule]: on sm_89 and later
-// one cvt.rn.satfinite instruction (nearest even, saturating, subnormals kept; the rule's bits
-// except for a NaN's sign and payload, so a NaN takes the software conversion). The same helper as
-// fp8_cuda.cu's, which keeps it in its own translation unit.
-template <typename Format>
-__device__ __forceinline__ uint32_t fp8_pair(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t pair;  // the instruction's first source goes to the upper byte
-  if constexpr (std::is_same_v<Format, F8E4M3Format>) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-  }
-  uint32_t lo_bits = pair & 0xffu, hi_bits = pair >> 8;
-  if (lo != lo) lo_bits = Format::from_f32(lo);
-  if (hi != hi) hi_bits = Format::from_f32(hi);
-  return lo_bits | (hi_bits << 8);
-#else
-  return Format::from_f32(lo) | (static_cast<uint32_t>(Format::from_f32(hi)) << 8);
-#endif
-}
-
-// scaled(v[0, 4), s) as four FP8 bytes in one word, v[0] lowest.
-template <typename Format>
-__device__ __forceinline__ uint32_t fp8_word(const float* v, float s) {
-  return fp8_pair<Format>(scaled(v[0], s), scaled(v[1], s)) |
-         (fp8_pair<Format>(scaled(v[2], s), scaled(v[3], s)) << 16);
-}
 
 // The maximum of every thread's m, returned to every thread. Once per block.
 __device__ __forceinline__ uint32_t block_max(uint32_t m) {
