@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 #include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "core/cuda_context.h"
 #include "ops/common.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/fp8/fp8_rowwise_kernels.h"
@@ -127,10 +129,41 @@ void check_bias(const char* op, const Tensor& x, const Tensor& bias, int64_t n) 
 // What the FP8 GEMMs read for a bias: bf16 (cuBLASLt's FP8 kernels take a bf16 bias for either output).
 Tensor bias_bf16(const Tensor& bias) { return bias.defined() ? raw::to(bias.detach(), DType::bf16) : Tensor(); }
 
-// y [Mp, N] (`out` dtype) = x2 [M, K] W^T + bias, x cast per row: the forward of both layer ops.
+// Note [FP8 input cast reuse]
+// Several frozen layers read one tensor: a Llama block's q, k and v projections the same normed x,
+// gate and up the same again. The last input cast is therefore kept (one per thread), keyed by the
+// input's storage, address, shape, dtype and storage version, and the next layer op that reads the
+// same unchanged tensor takes it instead of casting again: one cast where there were three, and
+// two. A different input replaces it, so at most one cast (rows x K bytes) outlives its forward.
+// A CUDA Graph capture neither reads nor fills it (its replays must cast what they are given).
+struct InputCast {
+  std::weak_ptr<Storage> storage;
+  const void* data = nullptr;
+  Shape shape;
+  DType dtype = DType::f32;
+  uint64_t version = 0;
+  Fp8RowQuantized cast;
+};
+
+const Fp8RowQuantized& input_cast(const char* op, const Tensor& x2) {
+  thread_local InputCast kept;
+  thread_local InputCast uncached;
+  const bool reuse = !cuda::capturing();
+  if (reuse && kept.cast.data.defined() && kept.storage.lock() == x2.storage() && kept.data == x2.data_ptr() &&
+      kept.shape == x2.shape() && kept.dtype == x2.dtype() && kept.version == x2.version()) {
+    return kept.cast;
+  }
+  InputCast& entry = reuse ? kept : uncached;
+  entry = InputCast{x2.storage(), x2.data_ptr(), x2.shape(),
+                    x2.dtype(),   x2.version(),  cast_rows(op, x2, DType::f8e4m3, Tensor(), padded_rows(x2.size(0)))};
+  return entry.cast;
+}
+
+// y [Mp, N] (`out` dtype) = x2 [M, K] W^T + bias, x cast per row (Note [FP8 input cast reuse]): the
+// forward of both layer ops.
 Tensor base_forward(const char* op, const Tensor& x2, const Tensor& q, const Tensor& scale_inv, const Tensor& bias,
                     DType out) {
-  const Fp8RowQuantized qx = cast_rows(op, raw::contiguous(x2), DType::f8e4m3, Tensor(), padded_rows(x2.size(0)));
+  const Fp8RowQuantized& qx = input_cast(op, raw::contiguous(x2));
   return fp8_rowwise_gemm(qx.data, q, qx.scale_inv, scale_inv, out, bias_bf16(bias));
 }
 

@@ -359,6 +359,32 @@ TEST(Fp8RowwiseLinear, TheWeightGetsNoGradientAndXIsNotKept) {
   expect_contains(error_of([&] { fp8_rowwise_linear(x, wq.data, scales); }), {"fp8_rowwise_linear", "frozen"});
 }
 
+// Note [FP8 input cast reuse]: layer ops reading one unchanged input share its cast; an input
+// changed in place, or another tensor, is cast again. Doubling x doubles each row's amax and so
+// its factor, a power of two: y doubles exactly. A stale cast would give y again.
+void expect_input_cast_follows_the_input(Device device) {
+  const Fp8RowQuantized wq = quantize_fp8_rows(leaf({48, 32}, 0.05, 71, device).detach());
+  const Fp8RowQuantized wq2 = quantize_fp8_rows(leaf({16, 32}, 0.05, 72, device).detach());
+  NoGradGuard no_grad;
+  Tensor x = leaf({3, 16, 32}, 1.0, 73, device).detach();
+  const auto values = [](const Tensor& t) { return t.to(kCPU).to_vector<float>(); };
+  const std::vector<float> y2_of_a_copy = values(fp8_rowwise_linear(raw::clone(x), wq2.data, wq2.scale_inv));
+  const std::vector<float> y = values(fp8_rowwise_linear(x, wq.data, wq.scale_inv));
+  // A second layer over the same x (as k after q): its own weight, the same cast of x.
+  EXPECT_EQ(values(fp8_rowwise_linear(x, wq2.data, wq2.scale_inv)), y2_of_a_copy);
+  x.copy_(x * 2.0);  // in place: a new version of the same storage, at the same address
+  const std::vector<float> doubled = values(fp8_rowwise_linear(x, wq.data, wq.scale_inv));
+  ASSERT_EQ(doubled.size(), y.size());
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(doubled[i], 2.0f * y[i]) << "at " << i << " on " << device.str();
+}
+
+TEST(Fp8RowwiseLinear, AnInputChangedInPlaceIsCastAgain) { expect_input_cast_follows_the_input(kCPU); }
+
+TEST(Fp8RowwiseLinearCuda, AnInputChangedInPlaceIsCastAgain) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_input_cast_follows_the_input(gpu());
+}
+
 TEST(Fp8RowwiseLinear, UnderAutocastTheOutputHasTheAutocastDtype) {
   const Tensor x = leaf({4, 16, 32}, 1.0, 41, kCPU);
   const Fp8RowQuantized wq = quantize_fp8_rows(leaf({48, 32}, 0.05, 42, kCPU).detach());
