@@ -102,6 +102,8 @@ class StepTable {
 // A Llama of a released model's shape (random weights: the shape is what the timing depends on).
 //   smollm2-135m: HuggingFaceTB/SmolLM2-135M's config.json
 //   llama-3.2-1b: meta-llama/Llama-3.2-1B's config.json
+//   llama-2-7b, llama-2-13b, llama-3-8b: meta-llama/Llama-2-7b-hf's, Llama-2-13b-hf's and
+//   Meta-Llama-3-8B's config.json (untied heads; Llama 2 without grouped-query attention)
 // Keep in step with LLAMA_SHAPES in llama_step_torch.py.
 inline mt::nn::LlamaConfig llama_shape(const std::string& name) {
   mt::nn::LlamaConfig c;
@@ -132,8 +134,34 @@ inline mt::nn::LlamaConfig llama_shape(const std::string& name) {
     c.max_position_embeddings = 131072;
     c.bos_token_id = 128000;
     c.eos_token_id = 128001;
+  } else if (name == "llama-2-7b" || name == "llama-2-13b") {
+    const bool big = name == "llama-2-13b";
+    c.tie_word_embeddings = false;
+    c.num_hidden_layers = big ? 40 : 32;
+    c.hidden_size = big ? 5120 : 4096;
+    c.num_attention_heads = big ? 40 : 32;
+    c.num_key_value_heads = c.num_attention_heads;
+    c.intermediate_size = big ? 13824 : 11008;
+    c.vocab_size = 32000;
+    c.rope_theta = 10000;
+    c.max_position_embeddings = 4096;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+  } else if (name == "llama-3-8b") {
+    c.tie_word_embeddings = false;
+    c.num_hidden_layers = 32;
+    c.hidden_size = 4096;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.intermediate_size = 14336;
+    c.vocab_size = 128256;
+    c.rope_theta = 500000;
+    c.max_position_embeddings = 8192;
+    c.bos_token_id = 128000;
+    c.eos_token_id = 128001;
   } else {
-    throw mt::Error("--shape: expected smollm2-135m or llama-3.2-1b, got '" + name + "'");
+    throw mt::Error("--shape: expected smollm2-135m, llama-3.2-1b, llama-2-7b, llama-3-8b or llama-2-13b, got '" +
+                    name + "'");
   }
   c.validate();
   return c;

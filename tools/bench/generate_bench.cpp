@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   int64_t prompt_len = 128, new_tokens = 256, warmup = 1, repeats = 3;
   app.add_option("--shape", shape, "a released model's shape")
       ->capture_default_str()
-      ->check(example::one_of({"smollm2-135m", "llama-3.2-1b"}));
+      ->check(example::one_of({"smollm2-135m", "llama-3.2-1b", "llama-2-7b", "llama-3-8b", "llama-2-13b"}));
   app.add_option("--config", config_path, "a Hugging Face config.json to take the shape from instead of --shape")
       ->check(CLI::ExistingFile);
   app.add_option("--dtype", dtype_name, "the weights' dtype")

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   int64_t batch = 8, seq = 2048, warmup = 3, steps = 10, lora_r = 0, profile_steps = 0;
   app.add_option("--shape", shape, "a released model's shape")
       ->capture_default_str()
-      ->check(example::one_of({"smollm2-135m", "llama-3.2-1b"}));
+      ->check(example::one_of({"smollm2-135m", "llama-3.2-1b", "llama-2-7b", "llama-3-8b", "llama-2-13b"}));
   app.add_option("--config", config_path, "a Hugging Face config.json to take the shape from instead of --shape")
       ->check(CLI::ExistingFile);
   app.add_option("--batch", batch, "sequences per step")->capture_default_str()->check(example::positive());

@@ -42,6 +42,15 @@ LLAMA_SHAPES = {
                          rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                            original_max_position_embeddings=8192),
                          max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128001),
+    "llama-2-7b": dict(_COMMON, tie_word_embeddings=False, num_hidden_layers=32, hidden_size=4096,
+                       num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
+                       rope_theta=10000.0, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
+    "llama-3-8b": dict(_COMMON, tie_word_embeddings=False, num_hidden_layers=32, hidden_size=4096,
+                       num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                       rope_theta=500000.0, max_position_embeddings=8192, bos_token_id=128000, eos_token_id=128001),
+    "llama-2-13b": dict(_COMMON, tie_word_embeddings=False, num_hidden_layers=40, hidden_size=5120,
+                        num_attention_heads=40, num_key_value_heads=40, intermediate_size=13824, vocab_size=32000,
+                        rope_theta=10000.0, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2),
 }
 
 
