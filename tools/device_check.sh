@@ -6,10 +6,12 @@
 #                 each in a process of its own (tools/sanitize.sh: MT_SANITIZE_FILTER, MT_SANITIZE_JOBS,
 #                 MT_RACECHECK_EXCLUDE); TOOLS is memcheck, racecheck or memcheck,racecheck (the default).
 #     --bench     also run tools/bench/run_all.sh
-#     --parity    also run the PyTorch parity scripts in tools/parity/
+#     --parity    also run the PyTorch parity scripts in tools/parity/ (GPT-2, the Llama family)
 #     --loss-curve  also train GPT-2 124M and a Llama of SmolLM2-135M's shape for 50 steps each
 #                 beside PyTorch from the same weights and batches (tools/parity/loss_curve.py,
-#                 bf16) and compare the losses
+#                 bf16) and compare the losses; then FP8 against bf16 from the same weights and batches,
+#                 300 steps at GPT-2 124M's shape and a 300-step LoRA over an FP8 base against a bf16 one
+#                 (tools/parity/fp8_convergence.py)
 #     --demo      also run the main job, tools/demo.sh, on the GPU
 # That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
 # everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
@@ -105,6 +107,9 @@ if ((parity)); then
   python3 tools/parity/gpt2_parity.py --bin "$build/tools/gpt_logits" --device cuda --workdir "$build/parity" \
     >"$out/parity.log" 2>&1 || parity_rc=$?
   grep -E '^(transformers|base logits|LoRA logits|trainable params|gpt2_parity)' "$out/parity.log" || tail -n 20 "$out/parity.log"
+  python3 tools/parity/llama_parity.py --bin "$build/tools/llama_logits" --devices cuda >"$out/llama_parity.log" 2>&1 ||
+    parity_rc=$?
+  tail -n 12 "$out/llama_parity.log"
   # The NaN/inf table that tests/ops/test_nan_inf.cpp holds the ops to, against this machine's torch.
   python3 tools/parity/nan_inf_reference.py --check tests/ops/nan_inf_reference.inc >>"$out/parity.log" 2>&1 ||
     parity_rc=$?
@@ -126,6 +131,11 @@ loss_curve_run() {
 if ((loss_curve)); then
   loss_curve_run gpt2 --model gpt2 --shape gpt2-124m --batch 16 --seq 1024
   loss_curve_run smollm2 --model llama --shape smollm2-135m --batch 8 --seq 512
+  fp8_rc=0
+  python3 tools/parity/fp8_convergence.py --bin "$build/examples" --workdir "$build/fp8_convergence" \
+    >"$out/fp8_convergence.log" 2>&1 || fp8_rc=$?
+  grep -E '^(final|divergence|fp8 overflows|PASS|FAIL)' "$out/fp8_convergence.log" || tail -n 20 "$out/fp8_convergence.log"
+  ((fp8_rc == 0)) || { echo "fp8 convergence: FAILED (exit $fp8_rc, log: $out/fp8_convergence.log)"; loss_curve_rc=$fp8_rc; }
 fi
 
 demo_rc=0
