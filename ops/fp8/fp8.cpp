@@ -119,18 +119,19 @@ bool fp8_native_available(Device device) {
   return device.is_cuda() && cuda::is_available() && cuda::compute_capability(device.index) >= 89;
 }
 
-Tensor fp8_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& scale_inv_a, const Tensor& scale_inv_b,
-                DType out_dtype, const Tensor& bias, Tensor* out_amax, Fp8Compute compute) {
-  const char* op = "fp8_gemm";
-  ops::check_defined(op, a_q, "a_q");
-  ops::check_defined(op, b_q, "b_q");
+namespace ops {
+
+void check_fp8_gemm(const char* op, const Tensor& a_q, const Tensor& b_q, DType out_dtype, const Tensor& bias,
+                    Fp8Compute compute) {
+  check_defined(op, a_q, "a_q");
+  check_defined(op, b_q, "b_q");
   MT_CHECK_T(DTypeError, is_fp8(a_q.dtype()) && is_fp8(b_q.dtype()), op, ": a_q and b_q must be f8e4m3 or f8e5m2, got ",
-             ops::describe(a_q), " and ", ops::describe(b_q));
+             describe(a_q), " and ", describe(b_q));
   MT_CHECK_T(DTypeError, a_q.dtype() == DType::f8e4m3 || b_q.dtype() == DType::f8e4m3, op,
              ": f8e5m2 x f8e5m2 is not supported (cuBLASLt has no such FP8 kernel; a gradient in f8e5m2 is "
              "multiplied by an f8e4m3 weight or activation), got ",
-             ops::describe(a_q), " and ", ops::describe(b_q));
-  ops::check_same_device(op, a_q, b_q);
+             describe(a_q), " and ", describe(b_q));
+  check_same_device(op, a_q, b_q);
   MT_CHECK_T(ShapeError, a_q.dim() == 2 && b_q.dim() == 2 && a_q.size(1) == b_q.size(1), op,
              ": expected a_q [M, K] and b_q [N, K] (y = a b^T), got ", shape_str(a_q.shape()), " and ",
              shape_str(b_q.shape()));
@@ -138,21 +139,17 @@ Tensor fp8_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& scale_inv_a,
   MT_CHECK_T(ShapeError, m % 16 == 0 && n % 16 == 0 && k % 16 == 0, op,
              ": M, N and K must be multiples of 16 (cuBLASLt's FP8 kernels), got M = ", m, ", N = ", n, ", K = ", k,
              " from a_q ", shape_str(a_q.shape()), " and b_q ", shape_str(b_q.shape()));
-  const Device device = a_q.device();
-  check_factor(op, "scale_inv_a", scale_inv_a, device);
-  check_factor(op, "scale_inv_b", scale_inv_b, device);
   MT_CHECK_T(DTypeError, out_dtype == DType::bf16 || out_dtype == DType::f32, op,
              ": the output dtype must be bf16 or f32, got ", dtype_name(out_dtype));
   if (bias.defined()) {
     MT_CHECK_T(DTypeError, bias.dtype() == DType::bf16, op,
-               ": the bias must be bf16 (what cuBLASLt's FP8 kernels read for either output), got ",
-               ops::describe(bias));
+               ": the bias must be bf16 (what cuBLASLt's FP8 kernels read for either output), got ", describe(bias));
     MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == n, op, ": the bias must be [N] = [", n, "], got ",
-               ops::describe(bias));
-    ops::check_same_device(op, a_q, bias);
+               describe(bias));
+    check_same_device(op, a_q, bias);
   }
-  const bool available = fp8_native_available(device);
-  if (compute == Fp8Compute::native && !available) {
+  const Device device = a_q.device();
+  if (compute == Fp8Compute::native && !fp8_native_available(device)) {
     const std::string where =
         device.is_cuda() ? detail::str_cat(device.str(), " is ", cuda::device_name(device.index),
                                            " of compute capability ", cuda::compute_capability(device.index) / 10, ".",
@@ -161,6 +158,19 @@ Tensor fp8_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& scale_inv_a,
     throw DeviceError(detail::str_cat(op, ": native FP8 compute needs a CUDA GPU of compute capability 8.9 or later; ",
                                       where, " (Fp8Compute::emulate or automatic runs the emulation)"));
   }
+}
+
+}  // namespace ops
+
+Tensor fp8_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& scale_inv_a, const Tensor& scale_inv_b,
+                DType out_dtype, const Tensor& bias, Tensor* out_amax, Fp8Compute compute) {
+  const char* op = "fp8_gemm";
+  ops::check_fp8_gemm(op, a_q, b_q, out_dtype, bias, compute);
+  check_factor(op, "scale_inv_a", scale_inv_a, a_q.device());
+  check_factor(op, "scale_inv_b", scale_inv_b, a_q.device());
+  const int64_t m = a_q.size(0), n = b_q.size(0);
+  const Device device = a_q.device();
+  const bool available = fp8_native_available(device);
   NoGradGuard no_grad;  // primitives: nothing recorded, even for a bias that requires grad
 
   if (compute != Fp8Compute::emulate && available) {

@@ -71,6 +71,12 @@ void current_scale_cpu(const Tensor& amax, const Tensor& scale, const Tensor& sc
 void current_scale_cuda(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, float scaled_max);
 
 // ---- GEMM ----
+// What fp8_gemm and fp8_rowwise_gemm both require of their operands (throws naming `op`): a_q
+// [M, K] and b_q [N, K] FP8 on one device, not both f8e5m2, M, N and K multiples of 16; out_dtype
+// bf16 or f32; bias bf16 [N] or undefined; Fp8Compute::native only where fp8_native_available.
+void check_fp8_gemm(const char* op, const Tensor& a_q, const Tensor& b_q, DType out_dtype, const Tensor& bias,
+                    Fp8Compute compute);
+
 // out [M, N] = (a [M, K] * scale_inv_a) (b [N, K] * scale_inv_b)^T + bias through cuBLASLt's FP8
 // kernels; every tensor contiguous, 16-byte aligned and validated by fp8_gemm. When amax is
 // defined it is written with max |out| if cuBLASLt's epilogue computes it; returns whether it did.

@@ -17,6 +17,7 @@
 #include "core/cuda_context.h"
 #include "ops/common.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/fp8/fp8_kernels.h"
 #include "ops/fp8/fp8_rowwise_kernels.h"
 #include "ops/map.h"
 #include "ops/matmul/lora_branch.h"
@@ -192,37 +193,12 @@ Fp8RowQuantized quantize_fp8_rows(const Tensor& x, DType format, const Tensor& c
 Tensor fp8_rowwise_gemm(const Tensor& a_q, const Tensor& b_q, const Tensor& row_scale_inv_a,
                         const Tensor& row_scale_inv_b, DType out_dtype, const Tensor& bias, Fp8Compute compute) {
   const char* op = "fp8_rowwise_gemm";
-  ops::check_defined(op, a_q, "a_q");
-  ops::check_defined(op, b_q, "b_q");
-  MT_CHECK_T(DTypeError, is_fp8(a_q.dtype()) && is_fp8(b_q.dtype()), op, ": a_q and b_q must be f8e4m3 or f8e5m2, got ",
-             ops::describe(a_q), " and ", ops::describe(b_q));
-  MT_CHECK_T(DTypeError, a_q.dtype() == DType::f8e4m3 || b_q.dtype() == DType::f8e4m3, op,
-             ": f8e5m2 x f8e5m2 is not supported (cuBLASLt has no such FP8 kernel), got ", ops::describe(a_q), " and ",
-             ops::describe(b_q));
-  ops::check_same_device(op, a_q, b_q);
-  MT_CHECK_T(ShapeError, a_q.dim() == 2 && b_q.dim() == 2 && a_q.size(1) == b_q.size(1), op,
-             ": expected a_q [M, K] and b_q [N, K] (y = a b^T), got ", shape_str(a_q.shape()), " and ",
-             shape_str(b_q.shape()));
+  ops::check_fp8_gemm(op, a_q, b_q, out_dtype, bias, compute);
   const int64_t m = a_q.size(0), k = a_q.size(1), n = b_q.size(0);
-  MT_CHECK_T(ShapeError, m % 16 == 0 && n % 16 == 0 && k % 16 == 0, op,
-             ": M, N and K must be multiples of 16 (cuBLASLt's FP8 kernels), got M = ", m, ", N = ", n, ", K = ", k);
   const Device device = a_q.device();
   check_factors(op, "row_scale_inv_a", row_scale_inv_a, m, device);
   check_factors(op, "row_scale_inv_b", row_scale_inv_b, n, device);
-  MT_CHECK_T(DTypeError, out_dtype == DType::bf16 || out_dtype == DType::f32, op,
-             ": the output dtype must be bf16 or f32, got ", dtype_name(out_dtype));
-  if (bias.defined()) {
-    MT_CHECK_T(DTypeError, bias.dtype() == DType::bf16, op,
-               ": the bias must be bf16 (what cuBLASLt's FP8 kernels read for either output), got ",
-               ops::describe(bias));
-    MT_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == n, op, ": the bias must be [N] = [", n, "], got ",
-               ops::describe(bias));
-    ops::check_same_device(op, a_q, bias);
-  }
   const bool available = fp8_native_available(device);
-  MT_CHECK_T(DeviceError, compute != Fp8Compute::native || available, op,
-             ": native FP8 compute needs a CUDA GPU of compute capability 8.9 or later; the operands are on ",
-             device.str(), " (Fp8Compute::emulate or automatic runs the emulation)");
   NoGradGuard no_grad;  // a primitive: nothing recorded
 
   if (compute != Fp8Compute::emulate && available) {
