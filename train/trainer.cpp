@@ -446,7 +446,11 @@ void Trainer::Impl::log_step(int64_t step, int64_t first_step, bool evaluated, d
     fields.push_back(
         fp8_field(record.value("fp8_overflows"), record.value("fp8_scale_min"), record.value("fp8_scale_max")));
   }
-  if (options.device.is_cuda()) fields.push_back(format("peak mem %.2f GiB", record.value("mem_peak_gib")));
+  // Peak allocated against reserved: the gap is what the caching allocator holds beyond the tensors (fragmentation).
+  if (options.device.is_cuda()) {
+    fields.push_back(
+        format("mem %.2f GiB peak, %.2f reserved", record.value("mem_peak_gib"), record.value("mem_reserved_gib")));
+  }
   last_fields = fields;
   if (options.quiet) return;
   if (bar && bar->draws()) {
