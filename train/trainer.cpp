@@ -448,8 +448,8 @@ void Trainer::Impl::log_step(int64_t step, int64_t first_step, bool evaluated, d
   }
   // Peak allocated against reserved: the gap is what the caching allocator holds beyond the tensors (fragmentation).
   if (options.device.is_cuda()) {
-    fields.push_back(
-        format("mem %.2f GiB peak, %.2f reserved", record.value("mem_peak_gib"), record.value("mem_reserved_gib")));
+    fields.push_back(format("mem %.2f GiB peak", record.value("mem_peak_gib")) +
+                     format(", %.2f reserved", record.value("mem_reserved_gib")));
   }
   last_fields = fields;
   if (options.quiet) return;
