@@ -11,6 +11,8 @@
 #include "ops/fp8/fp8_kernels.h"
 #include "ops/map.h"
 #include "ops/matmul/matmul_kernels.h"
+#include "ops/reduction/reduction.h"
+#include "ops/reduction/reduction_kernels.h"
 
 namespace mt {
 
@@ -120,6 +122,20 @@ bool fp8_native_available(Device device) {
 }
 
 namespace ops {
+
+Tensor column_sums_f32(const Tensor& dy) {
+  NoGradGuard no_grad;
+  const int64_t m = dy.size(0), n = dy.size(1);
+#if MT_WITH_CUDA
+  if (dy.is_cuda() && dy.dtype() != DType::f64 && dy.is_contiguous() && m >= 2 && n >= 2) {
+    Tensor out = empty({n}, TensorOptions().dtype(DType::f32).device(dy.device()));
+    // [1, N, M] at unit stride along N: matmul's row sums of dy^T take the same column kernel.
+    reduce_cuda(out, raw::unsqueeze(raw::transpose(dy, 0, 1), 0), n, m, ReduceKind::sum);
+    return out;
+  }
+#endif
+  return sum(raw::to(dy, DType::f32), {0});
+}
 
 void check_fp8_gemm(const char* op, const Tensor& a_q, const Tensor& b_q, DType out_dtype, const Tensor& bias,
                     Fp8Compute compute) {

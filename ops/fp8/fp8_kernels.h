@@ -70,6 +70,11 @@ void delayed_update_cuda(const DelayedUpdate& u);
 void current_scale_cpu(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, float scaled_max);
 void current_scale_cuda(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, float scaled_max);
 
+// The bias gradient of an FP8 layer: the column sums of dy [M, N] (any floating dtype) as f32 [N],
+// accumulated in f32. On CUDA the reduction's column kernel reads dy once in its own dtype (a
+// widened copy of dy first would write and read it again at 4 bytes an element, per layer).
+Tensor column_sums_f32(const Tensor& dy);
+
 // ---- GEMM ----
 // What fp8_gemm and fp8_rowwise_gemm both require of their operands (throws naming `op`): a_q
 // [M, K] and b_q [N, K] FP8 on one device, not both f8e5m2, M, N and K multiples of 16; out_dtype

@@ -14,6 +14,7 @@
 #include "core/cuda_context.h"
 #include "ops/common.h"
 #include "ops/fp8/fp8.h"
+#include "ops/fp8/fp8_kernels.h"
 #include "ops/matmul/matmul.h"
 #include "ops/reduction/reduction.h"
 
@@ -89,9 +90,9 @@ Fp8WeightCache cast_weight(Fp8LinearState& state, const Tensor& w, bool want_tra
   Fp8WeightCache& c = cuda::capturing() ? uncached : state.weight_cache;
   const bool valid =
       c.q.defined() && c.source.lock().get() == w.impl() && c.storage.lock() == w.storage() && c.version == w.version();
-  if (!valid) {
-    const Cast cw = cast(w, state.recipe, state.weight, DType::f8e4m3, /*as_is=*/true, /*transposed=*/false);
-    c = Fp8WeightCache{w.impl_ptr(), w.storage(), w.version(), cw.q, Tensor(), cw.scale, cw.scale_inv, c.casts + 1};
+  if (!valid) {  // both layouts from one pass when the backward will want q(W^T)
+    const Cast cw = cast(w, state.recipe, state.weight, DType::f8e4m3, /*as_is=*/true, want_transposed);
+    c = Fp8WeightCache{w.impl_ptr(), w.storage(), w.version(), cw.q, cw.q_t, cw.scale, cw.scale_inv, c.casts + 1};
   }
   if (want_transposed && !c.q_t.defined()) c.q_t = quantize_fp8(w, c.scale, DType::f8e4m3, Fp8Layout::transposed).data;
   return c;
@@ -242,7 +243,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                   gemm_dtype(self.input_meta[1].dtype));
             }
           }
-          if (self.needs_input_grad(2)) grads[2] = sum(raw::to(dy, DType::f32), {0});  // [N], in f32
+          if (self.needs_input_grad(2)) grads[2] = ops::column_sums_f32(dy);  // [N], in f32
           return grads;
         });
     if (want_wgrad) {

@@ -7,8 +7,8 @@
 //   wgrad    dW [N, K] = fp8_gemm(q(dy^T) [N, M], q(x^T) [K, M])
 //   db       [N]       = the row sums of dy in f32 (from dy itself, not its FP8 cast)
 // Every GEMM is fp8_gemm's a b^T form; the transposed operands come from quantize_fp8's
-// transposed layout, each written in its own pass over the tensor (no transpose pass), and only
-// for the gradients wanted: q(x^T) when W needs one, q(W^T) when x does. The backward keeps
+// transposed layout, in the same pass as the tensor's own cast (Fp8Layout::both; no transpose
+// pass), and only for the gradients wanted: q(x^T) when W needs one, q(W^T) when x does. The backward keeps
 // q(x^T) (1 byte an element) instead of x. dx comes in x's dtype (bf16 or f32 straight from the
 // GEMM), dW in the weight's (f32 for master weights, straight from the GEMM, as linear's),
 // db in f32. y has the autocast dtype when autocast is on for x's device, else the inputs'

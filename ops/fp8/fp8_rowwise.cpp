@@ -254,7 +254,7 @@ Tensor fp8_rowwise_linear(const Tensor& x_in, const Tensor& weight_q, const Tens
                                                self.saved_tensor("weight_scale_inv"), self.input_meta[0].dtype),
                                     self.input_meta[0].shape);
           }
-          if (self.needs_input_grad(1)) grads[1] = sum(raw::to(dy, DType::f32), {0});  // [N], in f32
+          if (self.needs_input_grad(1)) grads[1] = ops::column_sums_f32(dy);  // [N], in f32
           return grads;
         });
     if (autograd::requires_grad(x)) {
@@ -310,7 +310,7 @@ Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& wei
                                          self.saved_tensor("weight_scale_inv"), self.input_meta[0].dtype),
                               self.input_meta[0].shape);
           }
-          if (self.needs_input_grad(2)) db = sum(raw::to(dy, DType::f32), {0});  // [N], in f32
+          if (self.needs_input_grad(2)) db = ops::column_sums_f32(dy);  // [N], in f32
           ops::LoraBranchWanted want;
           want.h = self.needs_input_grad(1);
           want.a = self.needs_input_grad(3);

@@ -112,6 +112,13 @@ int main(int argc, char** argv) {
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
     const bool fp8 = precision == "fp8";
     MT_CHECK(!fp8 || placement.amp == mt::DType::bf16, "--precision fp8 runs under bf16 autocast: pass --amp bf16");
+    // FP8 is a full-training mode here (LoRA layers run their own bf16 forward), and FP8 layers
+    // cannot be recomputed inside a checkpointed block: refused before any mode runs.
+    MT_CHECK(!fp8 || lora_r == 0, "--precision fp8 times full training: pass --lora-r 0");
+    for (const std::string& mode : lm_example::split_commas(modes)) {
+      MT_CHECK(!fp8 || mode.rfind("blocks", 0) != 0, "--precision fp8 cannot run --checkpoint ", mode,
+               " (FP8 layers are not recomputed inside a checkpointed block): use off or selective");
+    }
     config.n_positions = seq;
     mt::Generator init(0);
     mt::nn::GPT model(config, &init);
