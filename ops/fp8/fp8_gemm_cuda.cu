@@ -100,9 +100,18 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax, Scales scales) {
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{0});
   if (scales == Scales::per_row) {
+#if CUBLAS_VERSION >= 120900
+    // A library that does not know the mode refuses the attribute: a refusal, as at the heuristic.
     const auto outer_vector = static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
-    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer_vector);
-    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer_vector);
+    for (const auto attribute : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE}) {
+      if (cublasLtMatmulDescSetAttribute(raw_desc, attribute, &outer_vector, sizeof(outer_vector)) !=
+          CUBLAS_STATUS_SUCCESS) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+    }
+#else
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // outer-vector scales came with cuBLASLt 12.9
+#endif
   }
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_inv_b.data_ptr());
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_inv_a.data_ptr());

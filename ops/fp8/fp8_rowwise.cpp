@@ -136,7 +136,8 @@ Tensor bias_bf16(const Tensor& bias) { return bias.defined() ? raw::to(bias.deta
 // input's storage, address, shape, dtype and storage version, and the next layer op that reads the
 // same unchanged tensor takes it instead of casting again: one cast where there were three, and
 // two. A different input replaces it, so at most one cast (rows x K bytes) outlives its forward.
-// A CUDA Graph capture neither reads nor fills it (its replays must cast what they are given).
+// A CUDA Graph capture neither reads nor fills it (its replays must cast what they are given). The
+// cast is reused on the stream it was made on: every op here runs on the device's current stream.
 struct InputCast {
   std::weak_ptr<Storage> storage;
   const void* data = nullptr;
@@ -146,25 +147,24 @@ struct InputCast {
   Fp8RowQuantized cast;
 };
 
-const Fp8RowQuantized& input_cast(const char* op, const Tensor& x2) {
+Fp8RowQuantized input_cast(const char* op, const Tensor& x2) {
+  // A capture keeps nothing: a tensor it allocated and still held when it ends is refused.
+  if (cuda::capturing()) return cast_rows(op, x2, DType::f8e4m3, Tensor(), padded_rows(x2.size(0)));
   thread_local InputCast kept;
-  thread_local InputCast uncached;
-  const bool reuse = !cuda::capturing();
-  if (reuse && kept.cast.data.defined() && kept.storage.lock() == x2.storage() && kept.data == x2.data_ptr() &&
+  if (kept.cast.data.defined() && kept.storage.lock() == x2.storage() && kept.data == x2.data_ptr() &&
       kept.shape == x2.shape() && kept.dtype == x2.dtype() && kept.version == x2.version()) {
     return kept.cast;
   }
-  InputCast& entry = reuse ? kept : uncached;
-  entry = InputCast{x2.storage(), x2.data_ptr(), x2.shape(),
-                    x2.dtype(),   x2.version(),  cast_rows(op, x2, DType::f8e4m3, Tensor(), padded_rows(x2.size(0)))};
-  return entry.cast;
+  kept = InputCast{x2.storage(), x2.data_ptr(), x2.shape(),
+                   x2.dtype(),   x2.version(),  cast_rows(op, x2, DType::f8e4m3, Tensor(), padded_rows(x2.size(0)))};
+  return kept.cast;
 }
 
 // y [Mp, N] (`out` dtype) = x2 [M, K] W^T + bias, x cast per row (Note [FP8 input cast reuse]): the
 // forward of both layer ops.
 Tensor base_forward(const char* op, const Tensor& x2, const Tensor& q, const Tensor& scale_inv, const Tensor& bias,
                     DType out) {
-  const Fp8RowQuantized& qx = input_cast(op, raw::contiguous(x2));
+  const Fp8RowQuantized qx = input_cast(op, raw::contiguous(x2));
   return fp8_rowwise_gemm(qx.data, q, qx.scale_inv, scale_inv, out, bias_bf16(bias));
 }
 

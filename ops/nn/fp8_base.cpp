@@ -20,6 +20,14 @@ std::vector<std::string> quantize_linears_fp8(Module& model, std::optional<Devic
       factors.insert(layer->lora_B.get());
     }
   }
+  // A merged adapter lives inside its base weight: quantizing it would fix the sum in FP8 and leave
+  // the layer unable to unmerge. Refused before any layer changes.
+  for (const auto& [path, m] : modules) {
+    const auto* layer = dynamic_cast<const LoRALinear*>(m.get());
+    MT_CHECK(layer == nullptr || !layer->merged(), "quantize_linears_fp8: '", path,
+             "' has its adapter merged into the base weight; unmerge it first (unmerge_lora), or quantize the base "
+             "before merging; no layer was changed");
+  }
   std::vector<std::string> quantized;
   for (const auto& [path, m] : modules) {
     auto* linear = dynamic_cast<Linear*>(m.get());

@@ -323,6 +323,7 @@ void LoRALinear::merge() {
 
 void LoRALinear::unmerge() {
   MT_CHECK(merged_, "LoRALinear::unmerge: '", path_, "' is not merged");
+  check_mergeable("LoRALinear::unmerge");
   NoGradGuard no_grad;
   const Tensor d = delta();
   weight.copy_(sub(weight.detach().to(d.dtype()), d));

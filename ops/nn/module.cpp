@@ -258,11 +258,12 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
                shape_str(it->second.shape()), " in the state but ", shape_str(target.shape()), " in the module");
     check_loadable("load_state_dict", name, it->second.dtype(), target.dtype());
     const auto fp8 = [](DType d) { return d == DType::f8e4m3 || d == DType::f8e5m2; };
-    MT_CHECK_T(DTypeError, fp8(it->second.dtype()) == fp8(target.dtype()), "load_state_dict: '", name, "' is ",
+    const bool either_fp8 = fp8(it->second.dtype()) || fp8(target.dtype());
+    MT_CHECK_T(DTypeError, !either_fp8 || it->second.dtype() == target.dtype(), "load_state_dict: '", name, "' is ",
                dtype_name(it->second.dtype()), " in the state but ", dtype_name(target.dtype()),
                " in the module; an FP8 tensor stands for its values only with the scales stored beside it, so it "
-               "loads only from an FP8 tensor (a high-precision checkpoint loads before nn::quantize_linears_fp8 "
-               "casts the weights)");
+               "loads only from an FP8 tensor of its own format (a high-precision checkpoint loads before "
+               "nn::quantize_linears_fp8 casts the weights)");
   }
   NoGradGuard no_grad;
   for (const auto& [name, target] : mine) {

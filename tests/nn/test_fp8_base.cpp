@@ -203,6 +203,12 @@ TEST(Fp8Base, StateDictCarriesTheFp8WeightsAndRefusesConversions) {
   EXPECT_NE(into_fp8.find("'model.layers.0.self_attn.q_proj.weight' is bf16 in the state but f8e4m3"),
             std::string::npos)
       << into_fp8;
+  // Nor an E5M2 tensor into an E4M3 one: the bytes would be converted, the scales left for the other format.
+  std::map<std::string, Tensor> e5m2 = model->state_dict();
+  Tensor& q = e5m2["model.layers.0.self_attn.q_proj.weight"];
+  q = raw::to(raw::to(q, DType::f32), DType::f8e5m2);
+  const std::string other_format = error_message_of([&] { other->load_state_dict(e5m2); });
+  EXPECT_NE(other_format.find("is f8e5m2 in the state but f8e4m3"), std::string::npos) << other_format;
   auto plain = bf16_llama(5);
   const std::string into_bf16 = error_message_of([&] { plain->load_state_dict(model->state_dict(), false); });
   EXPECT_NE(into_bf16.find("FP8"), std::string::npos) << into_bf16;
@@ -287,6 +293,18 @@ TEST(Fp8Base, MergingIntoAnFp8BaseIsRefusedNamingTheLayer) {
   EXPECT_EQ(lora_layers(*model).size(), 14u) << "nothing was unloaded";
   for (const auto& [path, layer] : lora_layers(*model)) EXPECT_FALSE(layer->merged()) << path;
   EXPECT_EQ(bytes_of(layers.front().second->weight), before);
+}
+
+// A merged adapter lives in its base weight: quantizing that is refused before any layer changes.
+TEST(Fp8Base, QuantizingAMergedLayerIsRefused) {
+  auto model = bf16_llama(9);
+  apply_lora(*model, lora_options());
+  const auto layers = lora_layers(*model);
+  layers.back().second->merge();
+  const std::string msg = error_message_of([&] { quantize_linears_fp8(*model); });
+  EXPECT_NE(msg.find("merged into the base weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(layers.back().first), std::string::npos) << msg;
+  for (const auto& [path, layer] : layers) EXPECT_FALSE(layer->has_fp8_weight()) << path;
 }
 
 // apply_lora keeps a quantized base, and quantize_linears_fp8 quantizes the bases of LoRA layers

@@ -385,6 +385,26 @@ TEST(Fp8RowwiseLinearCuda, AnInputChangedInPlaceIsCastAgain) {
   expect_input_cast_follows_the_input(gpu());
 }
 
+// A captured forward keeps no cast of its own (a capture that still holds a tensor it allocated is
+// refused), and each replay casts x as it is then.
+TEST(Fp8RowwiseLinearCuda, GraphReplaysCastTheInputAsItIsAtEachReplay) {
+  MT_SKIP_WITHOUT_CUDA();
+  NoGradGuard no_grad;
+  const Fp8RowQuantized wq = quantize_fp8_rows(leaf({48, 64}, 0.05, 81, gpu()).detach());
+  const Tensor x = leaf({32, 64}, 1.0, 82, gpu()).detach();
+  fp8_rowwise_linear(x, wq.data, wq.scale_inv);  // x's cast is now kept
+  const Tensor out = empty({32, 48}, TensorOptions().dtype(DType::f32).device(gpu()));
+  const cuda::Stream stream = cuda::current_stream(gpu().index);
+  cuda::Graph graph;
+  graph.capture(stream, [&] { out.copy_(fp8_rowwise_linear(x, wq.data, wq.scale_inv)); });
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) x.copy_(x * 2.0);
+    graph.replay(stream);
+    const Tensor eager = fp8_rowwise_linear(raw::clone(x), wq.data, wq.scale_inv);
+    EXPECT_EQ(out.to(kCPU).to_vector<float>(), eager.to(DType::f32).to(kCPU).to_vector<float>()) << "replay " << i;
+  }
+}
+
 TEST(Fp8RowwiseLinear, UnderAutocastTheOutputHasTheAutocastDtype) {
   const Tensor x = leaf({4, 16, 32}, 1.0, 41, kCPU);
   const Fp8RowQuantized wq = quantize_fp8_rows(leaf({48, 32}, 0.05, 42, kCPU).detach());
