@@ -37,6 +37,7 @@ namespace mt::ops {
 namespace {
 
 using Desc = lt::MatmulDesc;
+using lt::alignment_of;
 using lt::Layout;
 using lt::Preference;
 
@@ -44,13 +45,6 @@ cudaDataType_t lt_type(DType dtype) {
   if (dtype == DType::f8e4m3) return CUDA_R_8F_E4M3;
   if (dtype == DType::f8e5m2) return CUDA_R_8F_E5M2;
   return dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;  // the outputs fp8_gemm allows
-}
-
-uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  uint32_t alignment = 1;
-  while (alignment < 256 && address % (alignment * 2) == 0) alignment *= 2;
-  return alignment;
 }
 
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
@@ -153,25 +147,12 @@ cublasStatus_t run(const Fp8GemmProblem& p, bool with_amax, Scales scales) {
     }
   }
   if (!cached) {
-    cublasLtMatmulPreference_t raw_pref = nullptr;
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-    const Preference pref(raw_pref);
-    const uint64_t max_workspace = cublaslt_workspace_bytes();
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &max_workspace, sizeof(max_workspace)));
-    const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> alignments = {
-        {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}}};
-    for (const auto& [attribute, bytes] : alignments) {
-      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &bytes, sizeof(bytes)));
-    }
+    const Preference pref = lt::make_preference(cublaslt_workspace_bytes(), align_a, align_b, align_d, align_d);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, layout_a.get(), layout_b.get(), layout_d.get(), layout_d.get(),
-                                       raw_pref, /*requestedAlgoCount=*/1, &result, &found);
+                                       pref.get(), /*requestedAlgoCount=*/1, &result, &found);
     // A combination cuBLASLt does not serve comes back as NOT_SUPPORTED or as no result; an amax it
     // cannot compute for this output (then retried without it), or a scale mode this GPU or library
     // does not offer, may come back as INVALID_VALUE.

@@ -48,6 +48,7 @@ constexpr size_t kWorkspaceAlignment = 256;           // cuBLASLt wants a 256-by
 // run under cuda::DeviceGuard.
 using cuda::DeviceGuard;
 
+using lt::alignment_of;
 using lt::Layout;
 using lt::MatmulDesc;
 using lt::Preference;
@@ -69,13 +70,6 @@ struct LtOperand {
   int64_t batch_stride = 0;
   uint32_t alignment = 1;  // bytes; the largest power of two (<= 256) dividing the address
 };
-
-uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  uint32_t alignment = 1;
-  while (alignment < 256 && address % (alignment * 2) == 0) alignment *= 2;
-  return alignment;
-}
 
 // Our [rows, cols] operand, read in column-major order: a row-major matrix is
 // stored as its transpose (op N yields op(x)^T = x^T, what C^T = B^T A^T needs);
@@ -375,28 +369,15 @@ bool gemm_typed(const GemmProblem& p) {
     }
   }
   if (!cached) {
-    cublasLtMatmulPreference_t raw_pref = nullptr;
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-    const Preference pref(raw_pref);
-    const uint64_t max_workspace = kWorkspaceBytes;
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &max_workspace, sizeof(max_workspace)));
-    // The default assumes 256-byte aligned matrices; a view at an offset may be less aligned.
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                         &lt_a.alignment, sizeof(lt_a.alignment)));
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                         &lt_b.alignment, sizeof(lt_b.alignment)));
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                         &lt_c.alignment, sizeof(lt_c.alignment)));
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                         &lt_c.alignment, sizeof(lt_c.alignment)));
+    const Preference pref =
+        lt::make_preference(kWorkspaceBytes, lt_a.alignment, lt_b.alignment, lt_c.alignment, lt_c.alignment);
     // Not while a graph is being captured: that launch takes the heuristic's first, uncached, so
     // that the next eager launch still tunes the problem.
     const bool autotune = tuning_wanted && !cuda::capturing();
     std::array<cublasLtMatmulHeuristicResult_t, kAutotuneCandidates> results{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(), raw_pref,
+        handle, raw_desc, layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(), pref.get(),
         /*requestedAlgoCount=*/autotune ? kAutotuneCandidates : 1, results.data(), &found);
     // An epilogue narrows the choice: cuBLASLt says so with no result or with NOT_SUPPORTED.
     // Without one it always has an algorithm.
