@@ -22,6 +22,7 @@
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "tests/nn/fp8_test_models.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
@@ -238,12 +239,6 @@ std::vector<double> train(Llama& model, const Batch& b, int steps) {
     opt.step();
   }
   return losses;
-}
-
-double mean_of_last(const std::vector<double>& v, size_t n) {
-  double s = 0;
-  for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
-  return s / static_cast<double>(n);
 }
 
 // Two LoRA runs from the same weights and the same adapter draws, over the bf16 base and over its

@@ -11,6 +11,7 @@
 #include "ops/nn/fp8_state_dict.h"
 #include "ops/nn/gpt.h"
 #include "ops/ops.h"
+#include "tests/nn/fp8_test_models.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
@@ -63,17 +64,6 @@ TEST(Fp8HealthCuda, TensorStateCountsSaturatedCasts) {
   expect_counts_saturated_casts(Device(DeviceType::cuda, 0));
 }
 
-// Widths that are multiples of 16, as FP8 GEMMs need.
-GPTConfig fp8_config() {
-  GPTConfig c;
-  c.vocab_size = 37;
-  c.n_positions = 16;
-  c.n_embd = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  return c;
-}
-
 struct Batch {
   Tensor x, y;
 };
@@ -92,17 +82,9 @@ void step(const GPT& model, const Fp8Recipe& recipe) {
   model.loss(b.x, b.y).backward();
 }
 
-std::vector<Linear*> linears(const Module& m) {
-  std::vector<Linear*> out;
-  for (const auto& [path, child] : m.named_modules()) {
-    if (auto* l = dynamic_cast<Linear*>(child.get())) out.push_back(l);
-  }
-  return out;
-}
-
 TEST(Fp8Health, SumsUpTheDelayedScalingStatesOfAModel) {
   Generator gen(1);
-  GPT model(fp8_config(), &gen);
+  GPT model(fp8_gpt_config(), &gen);
   const Fp8Health none = fp8_health(model);
   EXPECT_EQ(none.layers, 0);
   EXPECT_EQ(none.states, 0);
@@ -125,12 +107,12 @@ TEST(Fp8Health, SumsUpTheDelayedScalingStatesOfAModel) {
   EXPECT_LT(health.min_scale, health.max_scale) << "x, W and dy have scales of their own";
 
   // A scale far too large for the next input: that cast saturates, and only that one.
-  Linear* first = linears(model)[0];
+  Linear* first = linears_of(model)[0];
   set_scale(first->fp8_state->input, 1e6);
   step(model, Fp8Recipe::delayed());
   EXPECT_EQ(overflows_of(first->fp8_state->input), 1);
   int64_t sum = 0;
-  for (Linear* l : linears(model)) {
+  for (Linear* l : linears_of(model)) {
     for (const Fp8TensorState* t : {&l->fp8_state->input, &l->fp8_state->weight, &l->fp8_state->grad_output}) {
       sum += overflows_of(*t);
     }
@@ -141,7 +123,7 @@ TEST(Fp8Health, SumsUpTheDelayedScalingStatesOfAModel) {
 
 TEST(Fp8Health, CurrentScalingHasNoStatesToReport) {
   Generator gen(2);
-  GPT model(fp8_config(), &gen);
+  GPT model(fp8_gpt_config(), &gen);
   step(model, Fp8Recipe::current());
   const Fp8Health health = fp8_health(model);
   EXPECT_EQ(health.layers, 8);
@@ -159,7 +141,7 @@ struct Snapshot {
 };
 Snapshot snapshot(const Module& model) {
   Snapshot s;
-  for (Linear* l : linears(model)) {
+  for (Linear* l : linears_of(model)) {
     s.objects.push_back(l->fp8_state.get());
     if (!l->fp8_state) continue;
     s.casts.push_back(l->fp8_state->weight_cache.casts);
@@ -174,12 +156,12 @@ Snapshot snapshot(const Module& model) {
 
 TEST(Fp8Health, UnderTheRestoreGuardForwardsMoveCopiesOfTheStates) {
   Generator gen(3);
-  GPT model(fp8_config(), &gen);
+  GPT model(fp8_gpt_config(), &gen);
   step(model, Fp8Recipe::delayed());
   const Snapshot before = snapshot(model);
   {
     Fp8StateRestoreGuard guard(model);
-    Linear* first = linears(model)[0];
+    Linear* first = linears_of(model)[0];
     EXPECT_NE(first->fp8_state.get(), before.objects[0]) << "a copy";
     EXPECT_EQ(first->fp8_state->weight_cache.casts, 0) << "the copy casts its weight again";
     set_scale(first->fp8_state->input, 1e6);  // an overflow, counted by the copy alone
@@ -191,7 +173,7 @@ TEST(Fp8Health, UnderTheRestoreGuardForwardsMoveCopiesOfTheStates) {
   EXPECT_TRUE(snapshot(model) == before) << "the states, their counters and weight caches as they were";
 
   // Layers without a state before the guard have none after it.
-  GPT fresh(fp8_config(), &gen);
+  GPT fresh(fp8_gpt_config(), &gen);
   {
     Fp8StateRestoreGuard guard(fresh);
     step(fresh, Fp8Recipe::delayed());

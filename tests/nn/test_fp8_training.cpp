@@ -21,21 +21,11 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/training_checkpoint.h"
+#include "tests/nn/fp8_test_models.h"
 #include "tests/test_util.h"
 
 namespace mt::nn {
 namespace {
-
-// Every GEMM width a multiple of 16 (FP8's rule): C 32, 3C 96, MLP 128; the head is bf16 anyway.
-GPTConfig fp8_config() {
-  GPTConfig c;
-  c.vocab_size = 37;
-  c.n_positions = 16;
-  c.n_embd = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  return c;
-}
 
 Device cuda0() { return Device(DeviceType::cuda, 0); }
 
@@ -57,7 +47,7 @@ Batch make_batch(Device device) {
 struct Trainee {
   explicit Trainee(uint64_t seed, Device device = kCPU) {
     Generator gen(seed);
-    model = std::make_shared<GPT>(fp8_config(), &gen);
+    model = std::make_shared<GPT>(fp8_gpt_config(), &gen);
     model->to(device);
     opt = std::make_unique<AdamW>(model->parameters(), AdamWOptions(3e-3).weight_decay(0.0));
   }
@@ -95,20 +85,6 @@ std::vector<std::vector<float>> weights(const Module& m) {
   return out;
 }
 
-std::vector<Linear*> linears(const Module& m) {
-  std::vector<Linear*> out;
-  for (const auto& [path, child] : m.named_modules()) {
-    if (auto* l = dynamic_cast<Linear*>(child.get())) out.push_back(l);
-  }
-  return out;
-}
-
-double mean_of_last(const std::vector<double>& v, size_t n) {
-  double s = 0;
-  for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
-  return s / static_cast<double>(n);
-}
-
 // 30 steps each from the same weights: the FP8 runs' losses fall as the bf16 run's do, within 5%
 // of it at every step and 2% over the last five (on the CPU the largest gap is 0.44%).
 void expect_trains_close_to_bf16(Device device) {
@@ -126,7 +102,7 @@ void expect_trains_close_to_bf16(Device device) {
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_LT(std::abs(got[i] - ref[i]), 0.05 * ref[i]) << what << " step " << i;
     }
-    for (Linear* l : linears(*t.model)) EXPECT_NE(l->fp8_state, nullptr) << "every Linear ran in FP8";
+    for (Linear* l : linears_of(*t.model)) EXPECT_NE(l->fp8_state, nullptr) << "every Linear ran in FP8";
   }
 }
 
@@ -149,7 +125,7 @@ TEST(Fp8Training, GuardOffIsTodaysModelBitForBit) {
     return out;
   };
   EXPECT_EQ(grads_with(false), grads_with(true));
-  for (Linear* l : linears(*t.model)) EXPECT_EQ(l->fp8_state, nullptr);
+  for (Linear* l : linears_of(*t.model)) EXPECT_EQ(l->fp8_state, nullptr);
   EXPECT_TRUE(fp8_state_dict(*t.model).empty());
   std::vector<std::string> names;
   for (const auto& [name, tensor] : t.model->state_dict()) names.push_back(name);
@@ -166,7 +142,7 @@ TEST(Fp8Training, WeightsAreCastOncePerOptimizerStep) {
   const Batch b = make_batch(kCPU);
   Trainee t(3);
   train(t, b, Fp8Recipe::delayed(), 1, /*micro=*/2);
-  const std::vector<Linear*> layers = linears(*t.model);
+  const std::vector<Linear*> layers = linears_of(*t.model);
   ASSERT_EQ(layers.size(), 8u);
   for (Linear* l : layers) EXPECT_EQ(l->fp8_state->weight_cache.casts, 1);
   train(t, b, Fp8Recipe::delayed(), 2, /*micro=*/2);

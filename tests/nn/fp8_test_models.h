@@ -1,0 +1,40 @@
+// What the FP8 nn tests share: the tiny GPT whose GEMM sides are all multiples of 16 (FP8's rule),
+// the Linear layers of a model, and the mean of a loss curve's tail.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ops/nn/gpt.h"
+#include "ops/nn/layers.h"
+
+namespace mt::nn {
+
+// Width 32, 3C 96, MLP 128, 2 heads, 2 layers, 37 tokens, 16 positions; the head is bf16 anyway.
+inline GPTConfig fp8_gpt_config() {
+  GPTConfig c;
+  c.vocab_size = 37;
+  c.n_positions = 16;
+  c.n_embd = 32;
+  c.n_layer = 2;
+  c.n_head = 2;
+  return c;
+}
+
+// Every Linear of m (LoRA factors included), in named_modules' order.
+inline std::vector<Linear*> linears_of(const Module& m) {
+  std::vector<Linear*> out;
+  for (const auto& [path, child] : m.named_modules()) {
+    if (auto* l = dynamic_cast<Linear*>(child.get())) out.push_back(l);
+  }
+  return out;
+}
+
+// The mean of the last n values.
+inline double mean_of_last(const std::vector<double>& v, size_t n) {
+  double s = 0;
+  for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
+  return s / static_cast<double>(n);
+}
+
+}  // namespace mt::nn
