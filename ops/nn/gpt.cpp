@@ -20,6 +20,7 @@
 #include "ops/loss/loss.h"
 #include "ops/matmul/matmul.h"
 #include "ops/nn/hf_checkpoint.h"
+#include "ops/nn/parameter_init.h"
 
 namespace mt::nn {
 
@@ -236,6 +237,7 @@ Tensor GPTBody::forward(const Tensor& ids, KVCache* cache) const {
 GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {
   config_.validate();
   register_module("transformer", transformer, std::make_shared<GPTBody>(config_, generator));
+  if (!parameter_init().random) return;  // to be loaded
   NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   for (const auto& [name, p] : named_parameters()) {
@@ -245,8 +247,7 @@ GPT::GPT(const GPTConfig& config, Generator* generator) : config_(config) {
       continue;
     }
     const bool residual = ends_with(name, ".c_proj.weight");
-    p.copy_(
-        mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), residual ? residual_std : 0.02));
+    p.copy_(init_normal(p.shape(), residual ? residual_std : 0.02, generator));
   }
 }
 

@@ -8,6 +8,7 @@
 #include "ops/embedding/embedding.h"
 #include "ops/fp8/fp8_rowwise.h"
 #include "ops/matmul/matmul.h"
+#include "ops/nn/parameter_init.h"
 #include "ops/norm/norm.h"
 
 namespace mt::nn {
@@ -17,9 +18,9 @@ Linear::Linear(const LinearOptions& options, Generator* generator) {
            options.in_features(), ", out ", options.out_features());
   const double bound = 1.0 / std::sqrt(static_cast<double>(options.in_features()));
   weight = register_parameter("weight",
-                              uniform({options.out_features(), options.in_features()}, -bound, bound, {}, generator));
+                              init_uniform({options.out_features(), options.in_features()}, -bound, bound, generator));
   if (options.bias())
-    bias = register_parameter("bias", uniform({options.out_features()}, -bound, bound, {}, generator));
+    bias = register_parameter("bias", init_uniform({options.out_features()}, -bound, bound, generator));
 }
 
 Linear::Linear(const Tensor& weight_, const Tensor& bias_, const Tensor& weight_scale_inv_) {
@@ -88,7 +89,7 @@ Tensor Linear::forward(const Tensor& x) const {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {
   MT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings, " x ", dim);
-  weight = register_parameter("weight", randn({num_embeddings, dim}, {}, generator));
+  weight = register_parameter("weight", init_normal({num_embeddings, dim}, 1.0, generator));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const {
@@ -98,8 +99,8 @@ Tensor Embedding::forward(const Tensor& ids) const {
 
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   MT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
-  weight = register_parameter("weight", ones({dim}));
-  bias = register_parameter("bias", zeros({dim}));
+  weight = register_parameter("weight", init_constant({dim}, 1.0));
+  bias = register_parameter("bias", init_constant({dim}, 0.0));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {

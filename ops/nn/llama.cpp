@@ -10,6 +10,7 @@
 #include "ops/attention/attention.h"
 #include "ops/loss/loss.h"
 #include "ops/nn/hf_checkpoint.h"
+#include "ops/nn/parameter_init.h"
 #include "ops/ops.h"
 
 namespace mt::nn {
@@ -26,7 +27,9 @@ Tensor heads(const Tensor& x, int64_t n, int64_t d) {
 
 }  // namespace
 
-RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) { weight = register_parameter("weight", ones({dim})); }
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", init_constant({dim}, 1.0));
+}
 
 // Every RMSNorm of these models feeds only GEMMs (q/k/v, gate/up, the head): under autocast the
 // norm writes the autocast dtype itself, the values of its f32 output cast once, instead of each
@@ -163,13 +166,14 @@ Llama::Llama(const LlamaConfig& config, Generator* generator) : config_(config) 
     register_module("lm_head", lm_head, projection(config_.hidden_size, config_.vocab_size, false, generator));
     lm_head->fp8_excluded = true;  // the head stays in bf16 under FP8 autocast
   }
+  if (!parameter_init().random) return;  // to be loaded
   NoGradGuard no_grad;
   for (const auto& [name, p] : named_parameters()) {
     if (name.find("layernorm") != std::string::npos || name == "model.norm.weight") continue;  // ones
     if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
       p.zero_();
     } else {
-      p.copy_(mul(randn(p.shape(), TensorOptions(p.dtype()).device(p.device()), generator), 0.02));
+      p.copy_(init_normal(p.shape(), 0.02, generator));
     }
   }
 }
@@ -205,8 +209,13 @@ Tensor Llama::loss(const Tensor& ids, const Tensor& targets) const {
 std::shared_ptr<Llama> Llama::from_pretrained(const std::string& dir) {
   const LlamaConfig config = LlamaConfig::from_json_file(dir + "/config.json");
   HfCheckpoint checkpoint(dir);
-  auto model = std::make_shared<Llama>(config);
-  model->to(checkpoint.dtype());
+  std::shared_ptr<Llama> model;
+  {
+    // Made in the checkpoint's dtype and left undrawn: the strict load below sets every value, and
+    // an f32 model drawn first would cost a 7B checkpoint 28 GB of host memory and minutes.
+    ParameterInitGuard empty_in_checkpoint_dtype(ParameterInit{TensorOptions(checkpoint.dtype()), false});
+    model = std::make_shared<Llama>(config);
+  }
   std::map<std::string, Tensor> state = checkpoint.tensors();
   if (config.tie_word_embeddings) state.erase("lm_head.weight");  // a tied copy some writers keep
   try {

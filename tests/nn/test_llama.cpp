@@ -10,6 +10,7 @@
 #include "core/safetensors.h"
 #include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/llama.h"
+#include "ops/nn/parameter_init.h"
 #include "ops/ops.h"
 #include "tests/nn/tiny_llama.h"
 #include "tests/test_util.h"
@@ -163,6 +164,40 @@ void expect_checkpointing_changes_nothing(Device device, bool autocast, double t
   }();
   EXPECT_NE(msg.find("selective"), std::string::npos) << msg;
   EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
+}
+
+// A model drawn under a ParameterInitGuard in bf16 (on `device`) holds the default f32 CPU model's
+// values rounded once to bf16; normal draws on CUDA may differ from the CPU's in their last f32 bits
+// (core/random.h), which can move a bf16 rounding by one ulp (2^-8 relative).
+void expect_drawn_in_place_like_the_default(const Device& device, double rel_tol) {
+  Generator g1(5), g2(5);
+  const Llama reference(tiny_llama_config(), &g1);
+  std::shared_ptr<Llama> drawn;
+  {
+    ParameterInitGuard guard(ParameterInit{TensorOptions(DType::bf16).device(device)});
+    drawn = std::make_shared<Llama>(tiny_llama_config(), &g2);
+  }
+  EXPECT_EQ(parameter_init().options.dtype(), DType::f32) << "the guard restores the default";
+  const auto want = reference.named_parameters();
+  const auto got = drawn->named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE(got[i].first);
+    EXPECT_EQ(got[i].second.dtype(), DType::bf16);
+    EXPECT_EQ(got[i].second.device(), device);
+    const std::vector<double> a = got[i].second.to(kCPU).to(DType::f64).to_vector<double>();
+    const std::vector<double> b = want[i].second.to(DType::bf16).to(DType::f64).to_vector<double>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_LE(std::abs(a[j] - b[j]), rel_tol * std::abs(b[j])) << j;
+  }
+}
+
+TEST(Llama, DrawnInBf16UnderAParameterInitGuardHoldsTheF32ModelsValuesRounded) {
+  expect_drawn_in_place_like_the_default(kCPU, 0.0);
+}
+TEST(Llama, CudaDrawnOnTheGpuUnderAParameterInitGuardHoldsTheF32ModelsValuesRounded) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_drawn_in_place_like_the_default(Device("cuda"), 1.0 / 128);
 }
 
 TEST(Llama, CheckpointedLayersGiveTheSameLossAndGradients) {

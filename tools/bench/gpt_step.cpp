@@ -94,9 +94,15 @@ int main(int argc, char** argv) {
   std::string precision = "amp";
   app.add_option("--precision", precision,
                  "amp: every GEMM in the --amp dtype; fp8: the blocks' Linear layers in FP8 under the bf16 autocast "
-                 "(mt::Fp8AutocastGuard, delayed scaling; the LM head stays bf16)")
+                 "(mt::Fp8AutocastGuard, --fp8-recipe; the LM head stays bf16)")
       ->capture_default_str()
       ->check(example::one_of({"amp", "fp8"}));
+  std::string fp8_recipe = "delayed";
+  app.add_option("--fp8-recipe", fp8_recipe,
+                 "with --precision fp8: delayed (scales from an amax history of 16) or current (from each tensor "
+                 "itself, one pass more)")
+      ->capture_default_str()
+      ->check(example::one_of({"delayed", "current"}));
   int64_t profile_steps = 0;
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
       ->capture_default_str();
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
     const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
     if (rank != 0) std::freopen("/dev/null", "w", stdout);  // rank 0 reports
     const bool fp8 = precision == "fp8";
+    const mt::Fp8Recipe recipe = fp8_recipe == "current" ? mt::Fp8Recipe::current() : mt::Fp8Recipe::delayed();
     MT_CHECK(!fp8 || placement.amp == mt::DType::bf16, "--precision fp8 runs under bf16 autocast: pass --amp bf16");
     // FP8 is a full-training mode here (LoRA layers run their own bf16 forward), and FP8 layers
     // cannot be recomputed inside a checkpointed block: refused before any mode runs.
@@ -176,7 +183,7 @@ int main(int argc, char** argv) {
         {
           const mt::nvtx::Range range("forward");
           mt::AutocastGuard guard(device.type, low, autocast);
-          mt::Fp8AutocastGuard fp8_guard(device.type, mt::Fp8Recipe::delayed(), fp8);
+          mt::Fp8AutocastGuard fp8_guard(device.type, recipe, fp8);
           loss = model.loss(x, y);
         }
         if (ddp) {

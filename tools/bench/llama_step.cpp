@@ -30,6 +30,7 @@
 #include "ops/nn/fp8_base.h"
 #include "ops/nn/llama.h"
 #include "ops/nn/lora.h"
+#include "ops/nn/parameter_init.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "tools/bench/bench_common.h"
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   example::PlacementFlags placement_flags;
   placement_flags.add_to(app);
   std::string shape = "smollm2-135m", config_path, modes = "off,blocks", base_dtype = "f32";
-  int64_t batch = 8, seq = 2048, warmup = 3, steps = 10, lora_r = 0, profile_steps = 0;
+  int64_t batch = 8, seq = 2048, accumulate = 1, warmup = 3, steps = 10, lora_r = 0, profile_steps = 0;
   app.add_option("--shape", shape, "a released model's shape")
       ->capture_default_str()
       ->check(example::one_of({"smollm2-135m", "llama-3.2-1b", "llama-2-7b", "llama-3-8b", "llama-2-13b"}));
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--batch", batch, "sequences per step")->capture_default_str()->check(example::positive());
   app.add_option("--seq-len", seq, "tokens per sequence")->capture_default_str()->check(example::positive());
+  app.add_option("--accumulate", accumulate,
+                 "micro-batches of --batch sequences per optimizer step (step time and tokens/s are per step)")
+      ->capture_default_str()
+      ->check(example::positive());
   app.add_option("--lora-r", lora_r, "LoRA rank on the seven projections, alpha 2r (0: train every parameter)")
       ->capture_default_str()
       ->check(example::non_negative());
@@ -78,12 +83,17 @@ int main(int argc, char** argv) {
     MT_CHECK(seq <= config.max_position_embeddings, "--seq-len ", seq, " is longer than the model's ",
              config.max_position_embeddings, " positions (max_position_embeddings)");
     mt::Generator init(0);
-    mt::nn::Llama model(config, &init);
-    model.to(device);
+    // Drawn where it trains and in its dtype (an FP8 base is cast from bf16, as from a bf16
+    // checkpoint): a 13B model drawn in f32 on the host would be 52 GB there.
+    const mt::DType weights = lora_r > 0 && base_dtype != "f32" ? mt::DType::bf16 : mt::DType::f32;
+    std::shared_ptr<mt::nn::Llama> built;
+    {
+      mt::nn::ParameterInitGuard on_device(mt::nn::ParameterInit{mt::TensorOptions(weights).device(device)});
+      built = std::make_shared<mt::nn::Llama>(config, &init);
+    }
+    mt::nn::Llama& model = *built;
     std::string training = "full training";
     if (lora_r > 0) {
-      // Before apply_lora, which makes f32 adapters; an FP8 base is cast from bf16, as from a bf16 checkpoint.
-      if (base_dtype != "f32") model.to(mt::DType::bf16);
       mt::nn::LoRAOptions lora;
       lora.r = lora_r;
       lora.alpha = 2.0 * static_cast<double>(lora_r);
@@ -99,19 +109,21 @@ int main(int argc, char** argv) {
       training = example::format("LoRA r=%lld alpha=%lld on q,k,v,o,gate,up,down_proj (%s)",
                                  static_cast<long long>(lora_r), static_cast<long long>(2 * lora_r), base.c_str());
     }
-    mt::nn::name_modules_for_tracing(model, "llama");  // after apply_lora: its layers take their paths too
+    if (device.is_cuda()) mt::cuda::empty_cache(device.index);  // the draws' f32 temporaries
+    mt::nn::name_modules_for_tracing(model, "llama");           // after apply_lora: its layers take their paths too
     const std::string amp = !placement.amp ? "off" : *placement.amp == mt::DType::f16 ? "fp16" : "bf16";
-    std::printf("llama_step: %s, B=%lld T=%lld, %s, amp %s, %s; %s; weights %.2f GiB\n",
+    std::printf("llama_step: %s, B=%lld T=%lld x%lld micro-batches per step, %s, amp %s, %s; %s; weights %.2f GiB\n",
                 bench::llama_description(shape, config_path, config).c_str(), static_cast<long long>(batch),
-                static_cast<long long>(seq), device.str().c_str(), amp.c_str(), training.c_str(),
-                mt::nn::trainable_parameters_summary(model).c_str(),
+                static_cast<long long>(seq), static_cast<long long>(accumulate), device.str().c_str(), amp.c_str(),
+                training.c_str(), mt::nn::trainable_parameters_summary(model).c_str(),
                 static_cast<double>(mt::nn::weight_bytes(model)) / (1 << 30));
 
     mt::Generator data(1);
-    const mt::Tensor ids = mt::uniform({batch, seq + 1}, 0, static_cast<double>(config.vocab_size), {}, &data)
-                               .to(mt::DType::i64)
-                               .to(device);
-    const mt::Tensor x = ids.slice(1, 0, seq), y = ids.slice(1, 1, seq + 1);  // [B, T] each
+    const mt::Tensor ids =
+        mt::uniform({accumulate * batch, seq + 1}, 0, static_cast<double>(config.vocab_size), {}, &data)
+            .to(mt::DType::i64)
+            .to(device);
+    const mt::Tensor x = ids.slice(1, 0, seq), y = ids.slice(1, 1, seq + 1);  // [accumulate * B, T] each
     const bool autocast = placement.amp.has_value();
     const mt::DType low = placement.amp.value_or(mt::DType::bf16);
 
@@ -129,14 +141,18 @@ int main(int argc, char** argv) {
         if (autocast) adamw.autocast_copies(low);
         mt::AdamW opt(model.trainable_parameters(), adamw);
         mt::Tensor last_loss;
+        // Every token is real, so each micro-batch's mean loss over `accumulate` is the whole batch's mean.
         auto train_step = [&] {
           mt::Tensor loss;
-          {
-            mt::AutocastGuard guard(device.type, low, autocast);
-            loss = model.loss(x, y);
-          }
           opt.zero_grad(/*set_to_none=*/true);
-          loss.backward();
+          for (int64_t micro = 0; micro < accumulate; ++micro) {
+            {
+              mt::AutocastGuard guard(device.type, low, autocast);
+              loss = model.loss(x.slice(0, micro * batch, (micro + 1) * batch),
+                                y.slice(0, micro * batch, (micro + 1) * batch));
+            }
+            mt::mul(loss, 1.0 / static_cast<double>(accumulate)).backward();
+          }
           opt.step();
           return loss.detach();
         };
@@ -144,7 +160,7 @@ int main(int argc, char** argv) {
           const mt::Tensor loss = train_step();
           if (step == warmup + steps - 1) last_loss = loss;
         });
-        table.print_row(mode, 1e3 * bench::median(times), static_cast<double>(batch * seq),
+        table.print_row(mode, 1e3 * bench::median(times), static_cast<double>(accumulate * batch * seq),
                         last_loss.to(mt::DType::f32).item());
         if (profile_steps > 0) {
           std::printf("%s", mt::profile_steps(device, profile_steps, [&] { train_step(); }).c_str());

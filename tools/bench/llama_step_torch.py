@@ -10,7 +10,10 @@ autocast, AdamW (fused). Two kinds of training:
                           in bf16 (as users load it, torch_dtype=torch.bfloat16), the adapters in f32
 
 Modes (--modes, a comma list; default eager,compile): eager; compile (torch.compile of the model);
-blocks (eager with transformers' gradient checkpointing, non-reentrant). Prints, per mode, peak
+blocks (eager with transformers' gradient checkpointing, non-reentrant); blocks-compile (the same
+under torch.compile). --accumulate N runs N micro-batches of --batch sequences per optimizer step,
+each loss divided by N (every token is real, so that is the mean over the whole batch); step time and
+tokens/s are per optimizer step. Prints, per mode, peak
 memory (torch.cuda.max_memory_allocated, reset after warm-up), the median step time over --steps
 after --warmup steps timed with CUDA events, tokens/s and the last step's loss: llama_step's
 columns. A mode that runs out of memory prints OOM and the next one runs.
@@ -97,13 +100,20 @@ class Timer:
 
 
 def build_model(config, args, mode, device):
-    with torch.device(device):
-        model = LlamaForCausalLM(config)  # f32 weights
-    if mode == "blocks":
+    # LoRA: the frozen base made in bf16 (as users load it, torch_dtype=torch.bfloat16), never in f32
+    # first (a 13B model is 52 GB in f32). Full training: f32 weights.
+    dtype = torch.bfloat16 if args.lora_r > 0 else torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    if mode.startswith("blocks"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_r > 0:
         from peft import LoraConfig, get_peft_model
-        model.to(torch.bfloat16)  # the frozen base in bf16
         model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
                                                  target_modules=LORA_TARGETS))
         for p in model.parameters():  # PEFT makes them f32 already (autocast_adapter_dtype); made sure of
@@ -117,7 +127,7 @@ def run_mode(config, args, mode, device, x, y):
     model = build_model(config, args, mode, device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    forward = torch.compile(model) if mode == "compile" else model
+    forward = torch.compile(model) if mode.endswith("compile") else model
     timer = Timer(device)
     times = []
     loss = None
@@ -125,13 +135,15 @@ def run_mode(config, args, mode, device, x, y):
         if step == args.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         timer.start()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = forward(input_ids=x).logits  # [B, T, V]
-            # The loss over the logits upcast to f32, as gpt_step_torch.py computes it. transformers'
-            # own loss path (labels=) would materialise the [B, T, V] logits too, and upcast them.
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.reshape(-1))
-        del logits
-        loss.backward()
+        for micro in range(args.accumulate):
+            rows = slice(micro * args.batch, (micro + 1) * args.batch)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = forward(input_ids=x[rows]).logits  # [B, T, V]
+                # The loss over the logits upcast to f32, as gpt_step_torch.py computes it. transformers'
+                # own loss path (labels=) would materialise the [B, T, V] logits too, and upcast them.
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y[rows].reshape(-1))
+            del logits
+            (loss / args.accumulate).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         ms = timer.stop_ms()
@@ -153,16 +165,17 @@ def main():
     p.add_argument("--full", action="store_true", help="full training (the same as --lora-r 0)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches of --batch sequences per optimizer step")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default="eager,compile", help="comma list of eager, compile, blocks")
+    p.add_argument("--modes", default="eager,compile", help="comma list of eager, compile, blocks, blocks-compile")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (to try the script on small shapes)")
     args = p.parse_args()
     if args.full and args.lora_r > 0:
         p.error("--full and --lora-r > 0 contradict each other")
-    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1 or args.lora_r < 0:
-        p.error("--steps, --batch and --seq-len must be positive, --warmup and --lora-r not negative")
-    all_modes = ("eager", "compile", "blocks")
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1 or args.lora_r < 0 or args.accumulate < 1:
+        p.error("--steps, --batch, --seq-len and --accumulate must be positive, --warmup and --lora-r not negative")
+    all_modes = ("eager", "compile", "blocks", "blocks-compile")
     modes = tuple(m for m in args.modes.split(",") if m)
     for m in modes:
         if m not in all_modes:
@@ -173,7 +186,7 @@ def main():
     config.use_cache = False
     if args.seq_len > config.max_position_embeddings:
         p.error(f"--seq-len {args.seq_len} is longer than the model's {config.max_position_embeddings} positions")
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len + 1), device=device)
+    ids = torch.randint(0, config.vocab_size, (args.accumulate * args.batch, args.seq_len + 1), device=device)
     x, y = ids[:, :-1], ids[:, 1:]
     if args.lora_r > 0:
         import peft
@@ -182,14 +195,16 @@ def main():
     else:
         what = "full training (f32 weights, fused AdamW)"
     print(f"llama_step_torch: torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"{describe(args.shape, args.config, config)}, B={args.batch} T={args.seq_len}, {device}, "
+          f"{describe(args.shape, args.config, config)}, B={args.batch} T={args.seq_len} x{args.accumulate} "
+          f"micro-batches per step, {device}, "
           f"bf16 autocast, SDPA, {what}", flush=True)
     print(f"{'mode':<10} {'peak GiB':>20} {'step ms':>16} {'tokens/s':>12} {'loss':>10}", flush=True)
+    tokens = args.accumulate * args.batch * args.seq_len  # per optimizer step
     for mode in modes:
         try:
             peak, ms, loss = run_mode(config, args, mode, device, x, y)
             memory = "n/a (cpu)" if peak is None else f"{peak:.2f}"
-            print(f"{mode:<10} {memory:>20} {ms:16.1f} {args.batch * args.seq_len / (ms / 1e3):12.0f} {loss:10.4f}",
+            print(f"{mode:<10} {memory:>20} {ms:16.1f} {tokens / (ms / 1e3):12.0f} {loss:10.4f}",
                   flush=True)
         except Exception as error:  # noqa: BLE001 - out of memory only; anything else is raised again
             if not is_oom(error):
