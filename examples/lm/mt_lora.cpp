@@ -15,6 +15,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "examples/lm/trainer.h"
@@ -22,6 +24,20 @@
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
+
+namespace {
+
+// The frozen base's dtype for the memory plan: --base-dtype, or with auto the checkpoint's as
+// config.json's torch_dtype names it (bf16 when it names none: the usual release dtype).
+std::string planned_base_dtype(const std::string& flag, const std::string& config_path) {
+  if (flag != "auto") return flag;
+  std::ifstream in(config_path);
+  const nlohmann::json fields = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto dtype = fields.is_object() ? fields.find("torch_dtype") : fields.end();
+  return dtype != fields.end() && dtype->is_string() && *dtype == "float32" ? "f32" : "bf16";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Fine-tune a GPT-2 or Llama-family model with LoRA adapters"};
@@ -78,6 +94,14 @@ int main(int argc, char** argv) {
     MT_CHECK(base_dtype != "fp8" || merged_out.empty(),
              "--merged-out merges the adapter into the base's weights, which --base-dtype fp8 holds rounded to FP8; "
              "save the adapter (--adapter-out) and merge it into the checkpoint's base with mt_merge");
+    lm_example::MemorySetup memory;  // for --dry-run and --max-memory (Llama family)
+    memory.lora_r = lora.r;
+    memory.lora_targets = lm_example::split_commas(targets);  // empty: the seven projections
+    memory.base_dtype = planned_base_dtype(base_dtype, base + "/config.json");
+    if (train_flags.dry_run) {
+      lm_example::print_memory_plan("mt_lora", base + "/config.json", train_flags, memory);
+      return 0;
+    }
     const example::Placement placement = placement_flags.resolve();
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(base);
@@ -121,7 +145,8 @@ int main(int argc, char** argv) {
       std::printf("mt_lora: %s\n", mt::nn::trainable_parameters_summary(*model).c_str());
     }
 
-    const lm_example::TrainResult result = lm_example::train(*model, train_flags, placement, "mt_lora");
+    memory.lora_targets = lora.target_modules;
+    const lm_example::TrainResult result = lm_example::train(*model, train_flags, placement, "mt_lora", memory);
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;
     save_options.fan_in_fan_out = model->adapters_fan_in_fan_out();  // GPT-2's Conv1D

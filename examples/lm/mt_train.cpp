@@ -66,6 +66,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (train_flags.dry_run) {  // full training: every weight trains in f32 (MemorySetup's lora_r 0)
+      MT_CHECK(!config_path.empty() || !init_from.empty(),
+               "--dry-run plans a Llama-family model: give its --config or --init-from");
+      lm_example::print_memory_plan("mt_train", config_path.empty() ? init_from + "/config.json" : config_path,
+                                    train_flags, lm_example::MemorySetup{});
+      return 0;
+    }
     const example::Placement placement = placement_flags.resolve();
     if (config.n_positions == 0) config.n_positions = train_flags.seq_len;
     const auto tokenizer = lm_example::tokenizer_for(tokenizer_path, init_from);

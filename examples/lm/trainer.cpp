@@ -73,10 +73,17 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_flag("--report", report, "profile a few steps and print where the time and the memory went, at the end");
   app.add_flag("--nvtx", nvtx, "NVTX ranges for Nsight Systems: step, forward, backward, optimizer, modules");
   app.add_option("--trace", trace, "record the NVTX ranges' host times to this Chrome-trace JSON file");
-  app.add_option("--checkpoint", checkpoint,
-                 "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), or selective "
-                 "(recompute attention only)")
+  app.add_option(
+         "--checkpoint", checkpoint,
+         "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), layers:N (N blocks), or selective "
+         "(recompute attention only)")
       ->capture_default_str();
+  app.add_option("--max-memory", max_memory,
+                 "device-memory budget, e.g. 22GiB: the checkpointing that recomputes the fewest layers and whose "
+                 "planned peak fits it (Llama family; the plan is printed; replaces --checkpoint)");
+  app.add_flag("--dry-run", dry_run,
+               "print the planned peak memory of a step (weights, optimizer state, activations) for this model, "
+               "batch and sequence length, and stop without loading or allocating anything");
   checkpoints.add_to(app);
   app.add_flag("--detect-anomaly", detect_anomaly,
                "stop at the first op (forward or backward) whose output holds NaN or inf, naming it (slow)");
@@ -182,8 +189,34 @@ double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_
   return weighted / counted;
 }
 
+mt::train::MemoryEstimate plan_memory(const mt::nn::LlamaConfig& config, const TrainFlags& flags,
+                                      const MemorySetup& setup) {
+  mt::train::TrainingShape shape;
+  shape.batch = flags.batch_size;
+  shape.seq_len = flags.seq_len;
+  shape.lora_r = setup.lora_r;
+  if (!setup.lora_targets.empty()) shape.lora_targets = setup.lora_targets;
+  shape.base_dtype = setup.base_dtype;
+  if (flags.max_memory.empty()) return mt::train::estimate_training_memory(config, shape, flags.checkpoint);
+  return mt::train::plan_checkpointing(config, shape, mt::train::parse_memory_size(flags.max_memory));
+}
+
+void print_memory_plan(const std::string& tag, const std::string& config_json_path, const TrainFlags& flags,
+                       const MemorySetup& setup) {
+  const std::string type = mt::nn::model_type_of(config_json_path);
+  MT_CHECK_T(mt::FileError, type == "llama" || type == "mistral" || type == "qwen2", config_json_path,
+             ": --max-memory and --dry-run plan Llama-family models (llama, mistral, qwen2), not \"",
+             type.empty() ? "gpt2" : type, "\"; choose --checkpoint off, blocks or blocks:K instead");
+  const mt::train::MemoryEstimate plan =
+      plan_memory(mt::nn::LlamaConfig::from_json_file(config_json_path), flags, setup);
+  std::printf("%s: %lld x %lld tokens per micro-batch, checkpointing %s%s: planned peak %s\n", tag.c_str(),
+              static_cast<long long>(flags.batch_size), static_cast<long long>(flags.seq_len),
+              plan.checkpointing.c_str(), flags.max_memory.empty() ? "" : (" (fits " + flags.max_memory + ")").c_str(),
+              plan.summary().c_str());
+}
+
 TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const example::Placement& placement,
-                  const std::string& tag) {
+                  const std::string& tag, const MemorySetup& memory) {
   MT_CHECK(!flags.checkpoints.resume || !flags.checkpoints.save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
@@ -203,7 +236,18 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
            " exceeds the model's longest sequence ", model.max_positions());
   MT_CHECK(!flags.cuda_graph || model.dropout() == 0, "--cuda-graph needs dropout 0 (the model has ", model.dropout(),
            "): a replayed step would draw the same random numbers every time");
-  model.set_checkpointing(flags.checkpoint);
+  if (flags.max_memory.empty()) {
+    model.set_checkpointing(flags.checkpoint);
+  } else {
+    const auto* llama = dynamic_cast<const mt::nn::Llama*>(&model);
+    MT_CHECK(llama != nullptr, "--max-memory plans Llama-family models (llama, mistral, qwen2), not ",
+             model.model_type(), "; choose --checkpoint off, blocks or blocks:K instead");
+    const mt::train::MemoryEstimate plan = plan_memory(llama->config(), flags, memory);
+    model.set_checkpointing(plan.checkpointing);
+    if (placement.is_main()) {
+      std::printf("%s: memory plan for %s: %s\n", tag.c_str(), flags.max_memory.c_str(), plan.summary().c_str());
+    }
+  }
   // A recomputed block could not repeat the FP8 scales of its first pass (ops/fp8/fp8_linear.h).
   MT_CHECK(flags.precision != "fp8" || model.checkpointing().rfind("blocks", 0) != 0,
            "--precision fp8 cannot run with --checkpoint ", model.checkpointing(),

@@ -19,6 +19,7 @@
 #include "ops/nn/causal_lm.h"
 #include "ops/nn/gpt.h"
 #include "tokenizers/tokenizer.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace lm_example {
@@ -58,6 +59,10 @@ struct TrainFlags {
   std::string fp8_recipe = "delayed";  // delayed or current (mt::Fp8Recipe)
   int64_t fp8_history = 16;            // delayed scaling: amaxes kept per tensor
   int64_t fp8_margin = 0;              // scale = fp8_max / amax / 2^margin
+  // A device-memory budget ("22GiB"): the checkpointing mode becomes the one with the fewest
+  // recomputed layers whose planned peak fits it (mt::train::plan_checkpointing; Llama family).
+  std::string max_memory;
+  bool dry_run = false;  // print the planned peak memory and stop before loading any weights
   void add_to(CLI::App& app, const std::string& data_help);
 };
 
@@ -68,10 +73,28 @@ struct TrainResult {
   double seconds = 0;
 };
 
+// What the memory plan needs besides the flags: LoRA's rank and targets (rank 0: full training)
+// and the frozen base's dtype (f32, bf16 or fp8).
+struct MemorySetup {
+  int64_t lora_r = 0;
+  std::vector<std::string> lora_targets;
+  std::string base_dtype = "bf16";
+};
+
+// The memory estimate of a training step of a Llama-family model under `flags`: the plan for
+// --max-memory, else the estimate for --checkpoint.
+mt::train::MemoryEstimate plan_memory(const mt::nn::LlamaConfig& config, const TrainFlags& flags,
+                                      const MemorySetup& setup);
+// --dry-run: prints plan_memory's answer for the model config.json describes, as
+// "<tag>: ... planned peak ...". A GPT-2 config is a FileError naming the flags (the plan knows
+// the Llama family's layers only).
+void print_memory_plan(const std::string& tag, const std::string& config_json_path, const TrainFlags& flags,
+                       const MemorySetup& setup);
+
 // Trains `model` (any CausalLM: GPT-2 or the Llama family; its trainable parameters) on flags.data through
-// mt::train::Trainer.
+// mt::train::Trainer. With --max-memory, `memory` describes the run for the plan.
 TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const example::Placement& placement,
-                  const std::string& tag);
+                  const std::string& tag, const MemorySetup& memory = {});
 
 // Mean loss per target over the first `batches` batches of `path` (a token file or shards, in
 // order), in eval mode, no gradient; targets outside a loss mask do not count.

@@ -32,7 +32,7 @@ class CausalLM : public Module {
   virtual int64_t num_layers() const = 0;
   virtual int64_t hidden_size() const = 0;
   virtual double dropout() const { return 0.0; }
-  // Gradient checkpointing: "off", "blocks", "blocks:K", "selective" where the model has them;
+  // Gradient checkpointing: "off", "blocks", "blocks:K", "layers:N", "selective" where the model has them;
   // a mode it lacks throws naming it.
   virtual void set_checkpointing(const std::string& mode);
   virtual std::string checkpointing() const { return "off"; }

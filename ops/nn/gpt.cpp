@@ -154,19 +154,47 @@ GPTCheckpointing GPTCheckpointing::parse(const std::string& text) {
     c.mode = Mode::selective;
     return c;
   }
-  if (text.rfind("blocks", 0) == 0) {
-    c.mode = Mode::blocks;
-    if (text.size() == 6) return c;
-    if (text[6] == ':') {
-      try {
-        size_t used = 0;
-        c.every = std::stoll(text.substr(7), &used);
-        if (used == text.size() - 7 && c.every >= 1) return c;
-      } catch (const std::exception&) {
-      }
+  // The N of "prefix:N" when text is that and N >= minimum.
+  auto number_after = [&text](const std::string& prefix, int64_t minimum, int64_t* n) {
+    if (text.size() <= prefix.size() || text.compare(0, prefix.size(), prefix) != 0) return false;
+    try {
+      size_t used = 0;
+      *n = std::stoll(text.substr(prefix.size()), &used);
+      return used == text.size() - prefix.size() && *n >= minimum;
+    } catch (const std::exception&) {
+      return false;
     }
+  };
+  if (text == "blocks") {
+    c.mode = Mode::blocks;
+    return c;
   }
-  throw Error("checkpointing: '" + text + "' is not one of off, blocks, blocks:K (K >= 1) or selective");
+  if (number_after("blocks:", 1, &c.every)) {
+    c.mode = Mode::blocks;
+    return c;
+  }
+  if (number_after("layers:", 0, &c.count)) {
+    c.mode = Mode::layers;
+    return c;
+  }
+  throw Error("checkpointing: '" + text +
+              "' is not one of off, blocks, blocks:K (every K-th block, K >= 1), layers:N (N blocks) or selective");
+}
+
+bool GPTCheckpointing::recomputes(int64_t block, int64_t n_blocks) const {
+  const int64_t candidates = n_blocks > 1 ? n_blocks - 1 : n_blocks;  // all but the last of several
+  if (block >= candidates) return false;
+  if (mode == Mode::blocks) return block % every == 0;
+  if (mode != Mode::layers) return false;
+  // count of the candidates, evenly: block i when floor((i + 1) N / M) passes an integer.
+  const int64_t n = std::min(count, candidates);
+  return (block + 1) * n / candidates > block * n / candidates;
+}
+
+int64_t GPTCheckpointing::recomputed(int64_t n_blocks) const {
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_blocks; ++i) total += recomputes(i, n_blocks) ? 1 : 0;
+  return total;
 }
 
 std::string GPTCheckpointing::str() const {
@@ -177,6 +205,8 @@ std::string GPTCheckpointing::str() const {
       return "selective";
     case Mode::blocks:
       return every == 1 ? "blocks" : "blocks:" + std::to_string(every);
+    case Mode::layers:
+      return "layers:" + std::to_string(count);
   }
   return "?";
 }
@@ -216,9 +246,8 @@ Tensor GPTBody::forward(const Tensor& ids, KVCache* cache) const {
     // head, and would rebuild at once the activations that keeping them holds. Keeping
     // them raises the peak by at most the head's working memory (one chunk of logits),
     // and saves one block's forward. A cached (generation) forward records nothing to recompute.
-    const bool last = i + 1 == blocks.size() && blocks.size() > 1;
-    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && !last && cache == nullptr &&
-                           static_cast<int64_t>(i) % checkpointing.every == 0;
+    const bool recompute =
+        cache == nullptr && checkpointing.recomputes(static_cast<int64_t>(i), static_cast<int64_t>(blocks.size()));
     if (recompute) {
       if (pending.defined()) x = add(x, pending);
       pending = Tensor();

@@ -48,12 +48,20 @@ struct GPTConfig {
 //              of the blocks; see Block::forward_checkpointed for what a frozen MLP skips)
 //   selective  each block keeps its GEMM outputs and recomputes only the attention core, whose
 //              [B, H, T, T] scores and probabilities dominate memory at long T (Korthikanti et al. 2022)
+// Which blocks backward recomputes. blocks: every `every`-th block; layers: `count` blocks spread
+// evenly (what a memory budget asks for: each recomputed block frees the same bytes). The last
+// block is never recomputed: backward reaches it first and would rebuild at once what keeping it
+// holds. selective recomputes the attention core of every block instead.
 struct GPTCheckpointing {
-  enum class Mode { off, blocks, selective };
+  enum class Mode { off, blocks, layers, selective };
   Mode mode = Mode::off;
-  int64_t every = 1;
-  static GPTCheckpointing parse(const std::string& text);  // "off", "blocks", "blocks:K", "selective"
+  int64_t every = 1;  // blocks
+  int64_t count = 0;  // layers
+  // "off", "blocks", "blocks:K", "layers:N", "selective"
+  static GPTCheckpointing parse(const std::string& text);
   std::string str() const;
+  bool recomputes(int64_t block, int64_t n_blocks) const;  // block in [0, n_blocks)
+  int64_t recomputed(int64_t n_blocks) const;              // how many blocks recomputes() picks
 };
 
 // The body: HF's GPT2Model, registered as "transformer".

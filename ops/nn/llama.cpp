@@ -138,8 +138,8 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
   for (size_t i = 0; i < layers.size(); ++i) {
     // The last layer is never recomputed: backward reaches it first and would rebuild at once
     // what keeping it holds (as GPT's blocks).
-    const bool recompute = checkpointing.mode == GPTCheckpointing::Mode::blocks && cache == nullptr &&
-                           i + 1 < layers.size() && static_cast<int64_t>(i) % checkpointing.every == 0;
+    const bool recompute =
+        cache == nullptr && checkpointing.recomputes(static_cast<int64_t>(i), static_cast<int64_t>(layers.size()));
     if (recompute) {
       const Tensor x = stream.normed.defined() ? add(stream.sum, stream.normed) : stream.sum;
       // The segment holds the layer and the rotary table themselves, never this model.
@@ -182,7 +182,7 @@ void Llama::set_checkpointing(const std::string& mode) {
   const GPTCheckpointing parsed = GPTCheckpointing::parse(mode);
   MT_CHECK(parsed.mode != GPTCheckpointing::Mode::selective,
            "gradient checkpointing 'selective' is not implemented for ", config_.model_type,
-           " models (off, blocks, blocks:K)");
+           " models (off, blocks, blocks:K, layers:N)");
   model->checkpointing = parsed;
 }
 

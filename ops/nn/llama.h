@@ -77,7 +77,7 @@ class LlamaModel : public Module {
   std::shared_ptr<ModuleList> layers_list;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
   std::shared_ptr<RMSNorm> norm;
-  GPTCheckpointing checkpointing;  // blocks / blocks:K recompute layers in backward; never with a cache
+  GPTCheckpointing checkpointing;  // blocks, blocks:K, layers:N recompute layers in backward; never with a cache
 
  private:
   LlamaConfig config_;
@@ -100,7 +100,8 @@ class Llama : public CausalLM {
   void save_pretrained(const std::string& dir) const override { save_pretrained(dir, int64_t{5} << 30); }
   std::string config_json() const override { return config_.to_json(); }
   bool has_kv_cache() const override { return true; }
-  // "off", "blocks" (every layer but the last recomputed in backward) or "blocks:K" (every K-th).
+  // "off", "blocks" (every layer but the last recomputed in backward), "blocks:K" (every K-th) or
+  // "layers:N" (N layers, spread evenly).
   void set_checkpointing(const std::string& mode) override;
   std::string checkpointing() const override { return model->checkpointing.str(); }
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const override;

@@ -34,6 +34,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "tools/bench/bench_common.h"
+#include "train/memory_plan.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Time a Llama training step and measure its peak memory per checkpointing mode"};
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
       ->check(example::one_of({"f32", "bf16", "fp8"}));
   app.add_option("--checkpoint", modes, "comma-separated checkpointing modes to measure (off, blocks, ...)")
       ->capture_default_str();
+  std::string max_memory;
+  app.add_option("--max-memory", max_memory,
+                 "also measure the checkpointing mode mt::train::plan_checkpointing picks for this budget (e.g. "
+                 "21GiB)");
   app.add_option("--warmup", warmup, "untimed steps per mode")->capture_default_str()->check(example::non_negative());
   app.add_option("--steps", steps, "timed steps per mode")->capture_default_str()->check(example::positive());
   app.add_option("--profile", profile_steps, "after timing, profile this many steps per mode, op by op (0: none)")
@@ -127,9 +132,21 @@ int main(int argc, char** argv) {
     const bool autocast = placement.amp.has_value();
     const mt::DType low = placement.amp.value_or(mt::DType::bf16);
 
+    mt::train::TrainingShape planned;  // the memory plan's view of this run, printed under each row
+    planned.batch = batch;
+    planned.seq_len = seq;
+    planned.lora_r = lora_r;
+    planned.base_dtype = lora_r > 0 ? base_dtype : "f32";
+    std::vector<std::string> mode_list = lm_example::split_commas(modes);
+    if (!max_memory.empty()) {
+      const mt::train::MemoryEstimate plan =
+          mt::train::plan_checkpointing(config, planned, mt::train::parse_memory_size(max_memory));
+      std::printf("llama_step: the plan for %s: checkpointing %s\n", max_memory.c_str(), plan.checkpointing.c_str());
+      mode_list.push_back(plan.checkpointing);
+    }
     bench::StepTable table(device);
     table.print_header();
-    for (const std::string& mode : lm_example::split_commas(modes)) {
+    for (const std::string& mode : mode_list) {
       try {
         model.set_checkpointing(mode);
       } catch (const mt::Error& e) {
@@ -162,6 +179,8 @@ int main(int argc, char** argv) {
         });
         table.print_row(mode, 1e3 * bench::median(times), static_cast<double>(accumulate * batch * seq),
                         last_loss.to(mt::DType::f32).item());
+        std::printf("  planned peak %s\n",
+                    mt::train::estimate_training_memory(config, planned, mode).summary().c_str());
         if (profile_steps > 0) {
           std::printf("%s", mt::profile_steps(device, profile_steps, [&] { train_step(); }).c_str());
         }
