@@ -100,8 +100,8 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
       ->capture_default_str()
       ->check(example::one_of({"amp", "fp8"}));
   app.add_option("--fp8-recipe", fp8_recipe,
-                 "with --precision fp8: delayed (scales from each tensor's amax history) or current (from the tensor "
-                 "itself, one pass more)")
+                 "with --precision fp8: current (each scale from the tensor itself, one pass more; never saturates) "
+                 "or delayed (from each tensor's amax history; saturates when an amax grows past it)")
       ->capture_default_str()
       ->check(example::one_of({"delayed", "current"}));
   app.add_option("--fp8-history", fp8_history, "with --fp8-recipe delayed: amaxes kept per tensor")

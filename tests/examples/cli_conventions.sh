@@ -35,7 +35,7 @@ default --save-every 0 "${trainers[@]}"
 default --keep 3 "${trainers[@]}"
 default --stop-at 0 "${trainers[@]}"
 default --precision amp "$bin/mt_train" "$bin/mt_lora"
-default --fp8-recipe delayed "$bin/mt_train" "$bin/mt_lora"
+default --fp8-recipe current "$bin/mt_train" "$bin/mt_lora"
 for p in "${trainers[@]}"; do
   for flag in --save-dir --resume; do
     if grep -q -E -- "^ +$flag( |$)" <<<"$("$p" --help 2>&1)"; then ok "$(basename "$p") has $flag"
@@ -86,10 +86,15 @@ for name in mlp mt_train; do
   expect "$name SIGTERM checkpoint" "$w/$name.term.log" "^$name: checkpoint .*step-[0-9]+\.safetensors$"
 done
 
-# --precision fp8 (the FP8 GEMMs emulated on the CPU): the recipe in the first line, and the progress
-# lines carry the scales' health (saturated casts since the last line, the range of the scales).
+# --precision fp8 (the FP8 GEMMs emulated on the CPU): the recipe in the first line (current scaling
+# by default), and under delayed scaling the progress lines carry the scales' health (saturated
+# casts since the last line, the range of the scales).
 run_args mt_train
-"${args[@]}" --device cpu --amp bf16 --precision fp8 >"$w/fp8.log" 2>&1 || bad "mt_train --precision fp8: status $?"
+"${args[@]}" --device cpu --amp bf16 --precision fp8 >"$w/fp8_current.log" 2>&1 || bad "mt_train --precision fp8: status $?"
+expect "mt_train --precision fp8 default recipe" "$w/fp8_current.log" \
+  "^mt_train: .* on cpu, bf16 autocast, FP8 Linear layers \(current scaling \(margin 0\)\)$"
+"${args[@]}" --device cpu --amp bf16 --precision fp8 --fp8-recipe delayed >"$w/fp8.log" 2>&1 ||
+  bad "mt_train --precision fp8 --fp8-recipe delayed: status $?"
 expect "mt_train --precision fp8 recipe" "$w/fp8.log" \
   "^mt_train: .* on cpu, bf16 autocast, FP8 Linear layers \(delayed scaling \(history 16, amax max, margin 0\)\)$"
 expect "mt_train --precision fp8 progress line" "$w/fp8.log" \

@@ -2,7 +2,7 @@
 # Every benchmark, ours and PyTorch's twin side by side, on the GPU machine. Called by
 # `tools/device_check.sh --bench` after the build; BUILD names the build folder.
 #
-#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|fp8-train]
+#   tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|lora-7b|fp8-train]
 #
 # --only runs one section (llama: llama-train, then llama-generate). MT_PROFILE_STEPS (default 3)
 # steps per mode are then profiled op by op.
@@ -10,12 +10,13 @@
 #   SMOLLM_BATCH [8], SMOLLM_SEQ_LEN [2048]      SmolLM2-135M shape, full training
 #   LLAMA_BATCH [8], LLAMA_SEQ_LEN [2048]        Llama-3.2-1B shape, LoRA r=16
 #   GEN_PROMPT_LEN [128], GEN_NEW_TOKENS [256]   Llama-3.2-1B shape, generation
+#   LARGE_BATCH [1], LARGE_ACCUMULATE [4]        7B/8B/13B shapes, LoRA r=16, T=2048 (lora-7b)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build="${BUILD:-build-device}"
 profile="${MT_PROFILE_STEPS:-3}"
-sections="gpt mlp ops ddp llama-train llama-generate fp8-train"
-usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|fp8-train]"
+sections="gpt mlp ops ddp llama-train llama-generate lora-7b fp8-train"
+usage="usage: tools/bench/run_all.sh [--only gpt|mlp|ops|ddp|llama|llama-train|llama-generate|lora-7b|fp8-train]"
 
 only=""
 while (($# > 0)); do
@@ -160,6 +161,30 @@ llama_generate_section() {
   keep_going "$build/tools/generate_bench" --device cuda --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
   echo "-- PyTorch: transformers' model.generate --"
   keep_going python3 tools/bench/generate_torch.py --shape llama-3.2-1b --prompt-len "$prompt" --new-tokens "$new"
+}
+
+# LoRA r=16 alpha=32 on the seven projections at the shapes of Llama-3-8B, Llama-2-7B (bf16 base)
+# and Llama-2-13B (FP8 base), T=2048, LARGE_ACCUMULATE micro-batches of LARGE_BATCH sequences per
+# step (8192 tokens by default). Ours under the checkpointing --max-memory plans for a 24 GB card
+# (printed, with the planned peak under each measured row), beside every layer recomputed; PEFT with
+# transformers' gradient checkpointing, eager and compiled.
+large_b="${LARGE_BATCH:-1}" large_acc="${LARGE_ACCUMULATE:-4}"
+lora_7b_section() {
+  local shape budget base
+  for shape in llama-3-8b llama-2-7b llama-2-13b; do
+    case $shape in
+      llama-3-8b) budget=21GiB base=bf16 ;;
+      llama-2-7b) budget=18GiB base=bf16 ;;
+      *) budget=23GiB base=fp8 ;;
+    esac
+    local run=(--shape "$shape" --lora-r 16 --batch "$large_b" --accumulate "$large_acc" --seq-len 2048 --warmup 1
+      --steps 4)
+    echo "== $shape shape, LoRA r=16, $large_acc x $large_b x 2048 tokens per step, $base base, plan for $budget =="
+    keep_going "$build/tools/llama_step" --device cuda "${run[@]}" --base-dtype "$base" --checkpoint blocks \
+      --max-memory "$budget"
+    echo "-- PyTorch + PEFT (bf16 base): gradient checkpointing, eager and torch.compile --"
+    keep_going python3 tools/bench/llama_step_torch.py "${run[@]}" --modes blocks,blocks-compile
+  done
 }
 
 # FP8 full training at GPT-2 medium and XL shapes (B=8, T=1024: XL's f32 weights, gradients and

@@ -224,6 +224,8 @@ def main():
     p.add_argument("--divergence", type=float, default=0.10,
                    help="largest relative excess of an FP8 loss over bf16's at the same step, after warm-up")
     p.add_argument("--margin", type=int, help="mt_train --fp8-margin (the LoRA FP8 base has its own scales)")
+    p.add_argument("--recipe", choices=["delayed", "current"], help="mt_train --fp8-recipe (default: mt_train's)")
+    p.add_argument("--history", type=int, help="mt_train --fp8-history (delayed scaling; default: mt_train's)")
     p.add_argument("--pretrain-data", help="pretraining token file (default: licences and Perl modules)")
     p.add_argument("--pretrain-val", help="its validation token file")
     p.add_argument("--lora-data", help="fine-tuning token file (default: perl-base's modules)")
@@ -275,10 +277,12 @@ def main():
         pre += ["--lr", args.lr]
     if args.tokenizer:
         pre += ["--tokenizer", args.tokenizer]
-    margin = [] if args.margin is None else ["--fp8-margin", args.margin]
+    fp8_flags = [] if args.margin is None else ["--fp8-margin", args.margin]
+    fp8_flags += [] if args.recipe is None else ["--fp8-recipe", args.recipe]
+    fp8_flags += [] if args.history is None else ["--fp8-history", args.history]
     for precision in ("amp", "fp8"):
         run(f"pretrain ({precision})", pre + ["--precision", precision, "--out", work / f"model_{precision}",
-            "--metrics", work / f"pretrain_{precision}.jsonl", *(margin if precision == "fp8" else [])],
+            "--metrics", work / f"pretrain_{precision}.jsonl", *(fp8_flags if precision == "fp8" else [])],
             work / f"pretrain_{precision}.log", env)
 
     ft = [programs["mt_lora"], "--base", work / "model_amp", "--data", lora, "--seq-len", args.seq_len,
