@@ -220,6 +220,7 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
   MT_CHECK(!flags.checkpoints.resume || !flags.checkpoints.save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
+  if (!flags.max_memory.empty()) mt::train::parse_memory_size(flags.max_memory);  // a bad size before anything runs
   MT_CHECK(flags.precision != "fp8" || placement.amp == mt::DType::bf16,
            "--precision fp8 runs the Linear layers in FP8 inside bf16 autocast and needs --amp bf16 (auto is bf16 "
            "on a GPU only); got ",
@@ -249,7 +250,8 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
     }
   }
   // A recomputed block could not repeat the FP8 scales of its first pass (ops/fp8/fp8_linear.h).
-  MT_CHECK(flags.precision != "fp8" || model.checkpointing().rfind("blocks", 0) != 0,
+  MT_CHECK(flags.precision != "fp8" ||
+               mt::nn::GPTCheckpointing::parse(model.checkpointing()).recomputed(model.num_layers()) == 0,
            "--precision fp8 cannot run with --checkpoint ", model.checkpointing(),
            ": recomputing a block would not repeat its FP8 scales; use --checkpoint selective or off");
   if (!flags.trace.empty()) mt::nvtx::start_trace(flags.trace);

@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
     // cannot be recomputed inside a checkpointed block: refused before any mode runs.
     MT_CHECK(!fp8 || lora_r == 0, "--precision fp8 times full training: pass --lora-r 0");
     for (const std::string& mode : lm_example::split_commas(modes)) {
-      MT_CHECK(!fp8 || mode.rfind("blocks", 0) != 0, "--precision fp8 cannot run --checkpoint ", mode,
+      MT_CHECK(!fp8 || mt::nn::GPTCheckpointing::parse(mode).recomputed(config.n_layer) == 0,
+               "--precision fp8 cannot run --checkpoint ", mode,
                " (FP8 layers are not recomputed inside a checkpointed block): use off or selective");
     }
     config.n_positions = seq;
