@@ -83,13 +83,16 @@ int64_t trainable_bytes(const nn::LlamaConfig& c, const TrainingShape& shape) {
 }
 
 // The LM head at the end of forward (ops/loss/loss.cpp, linear_cross_entropy): one chunk of bf16
-// logits, the f32 input gradient it forms there, and the final norm's saved input and output.
-int64_t head_bytes(const nn::LlamaConfig& c, int64_t tokens) {
+// logits, the f32 input gradient it forms there, the final norm's saved input and output, and when
+// the head trains (full training) its f32 weight gradient, formed there too.
+int64_t head_bytes(const nn::LlamaConfig& c, const TrainingShape& shape, int64_t tokens) {
   const int64_t row = c.vocab_size * 2;
   int64_t rows = std::max<int64_t>(1, kHeadChunkBytes / row);
   const int64_t chunks = (tokens + rows - 1) / rows;
   rows = (tokens + chunks - 1) / chunks;
-  return std::min(tokens, rows) * row + tokens * (4 * c.hidden_size + 4 * c.hidden_size + 2 * c.hidden_size);
+  const int64_t weight_gradient = shape.lora_r == 0 ? c.vocab_size * c.hidden_size * 4 : 0;
+  return std::min(tokens, rows) * row + tokens * (4 * c.hidden_size + 4 * c.hidden_size + 2 * c.hidden_size) +
+         weight_gradient;
 }
 
 // Layers recomputed under `checkpointing` (nn::Llama::set_checkpointing's modes).
@@ -130,7 +133,7 @@ MemoryEstimate estimate_training_memory(const nn::LlamaConfig& config, const Tra
   e.activations = (layers - e.recomputed_layers) * full_layer + e.recomputed_layers * 4 * config.hidden_size * tokens;
   // A recomputed layer's rebuilt activations never add to the peak: when backward reaches it, the
   // layers after it (the last one, kept whole, among them) have freed theirs.
-  e.transient = std::max(head_bytes(config, tokens), backward_bytes_per_token(config) * tokens);
+  e.transient = std::max(head_bytes(config, shape, tokens), backward_bytes_per_token(config) * tokens);
   e.reserve = kReserveBytes;
   return e;
 }
@@ -156,6 +159,8 @@ int64_t parse_memory_size(const std::string& text) {
   double value = 0;
   try {
     value = std::stod(text, &pos);
+  } catch (const std::out_of_range&) {
+    throw Error(detail::str_cat("memory size '", text, "' is out of range"));
   } catch (const std::exception&) {
     throw Error(detail::str_cat("memory size '", text, "' does not start with a number (e.g. 22GiB)"));
   }
@@ -169,7 +174,9 @@ int64_t parse_memory_size(const std::string& text) {
   if (unit == "mb") scale = 1e6;
   MT_CHECK(scale > 0, "memory size '", text, "': the unit must be GiB, G, MiB, M, GB or MB");
   MT_CHECK(std::isfinite(value) && value > 0, "memory size '", text, "' must be positive");
-  return static_cast<int64_t>(value * scale);
+  const double bytes = value * scale;
+  MT_CHECK(bytes >= 1 && bytes < 9.0e18, "memory size '", text, "' is out of range (1 byte to 8 EiB)");
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace mt::train

@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
       lm_example::print_memory_plan("mt_lora", base + "/config.json", train_flags, memory);
       return 0;
     }
+    // A GPT-2 base or a budget nothing fits, refused before the weights load (train() plans again
+    // with the loaded base's dtype).
+    if (!train_flags.max_memory.empty()) lm_example::plan_memory(base + "/config.json", train_flags, memory);
     const example::Placement placement = placement_flags.resolve();
     mt::manual_seed(train_flags.seed);
     const std::shared_ptr<mt::nn::CausalLM> model = mt::nn::load_causal_lm(base);
@@ -146,6 +149,9 @@ int main(int argc, char** argv) {
     }
 
     memory.lora_targets = lora.target_modules;
+    if (base_dtype == "auto") {  // the checkpoint's, as loaded
+      memory.base_dtype = model->parameters().front().dtype() == mt::DType::f32 ? "f32" : "bf16";
+    }
     const lm_example::TrainResult result = lm_example::train(*model, train_flags, placement, "mt_lora", memory);
     if (result.interrupted || !placement.is_main()) return 0;  // rank 0 writes the adapter and prints the samples
     mt::nn::AdapterSaveOptions save_options;

@@ -73,14 +73,15 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_flag("--report", report, "profile a few steps and print where the time and the memory went, at the end");
   app.add_flag("--nvtx", nvtx, "NVTX ranges for Nsight Systems: step, forward, backward, optimizer, modules");
   app.add_option("--trace", trace, "record the NVTX ranges' host times to this Chrome-trace JSON file");
-  app.add_option(
-         "--checkpoint", checkpoint,
-         "gradient checkpointing: off, blocks (every block), blocks:K (every K-th), layers:N (N blocks), or selective "
-         "(recompute attention only)")
-      ->capture_default_str();
+  CLI::Option* checkpoint_option = app.add_option("--checkpoint", checkpoint,
+                                                  "gradient checkpointing: off, blocks (every block), blocks:K (every "
+                                                  "K-th), layers:N (N blocks), or selective "
+                                                  "(recompute attention only)")
+                                       ->capture_default_str();
   app.add_option("--max-memory", max_memory,
                  "device-memory budget, e.g. 22GiB: the checkpointing that recomputes the fewest layers and whose "
-                 "planned peak fits it (Llama family; the plan is printed; replaces --checkpoint)");
+                 "planned peak fits it (Llama family; the plan is printed)")
+      ->excludes(checkpoint_option);
   app.add_flag("--dry-run", dry_run,
                "print the planned peak memory of a step (weights, optimizer state, activations) for this model, "
                "batch and sequence length, and stop without loading or allocating anything");
@@ -189,6 +190,23 @@ double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_
   return weighted / counted;
 }
 
+namespace {
+
+// --max-memory in bytes; its errors name the flag. FP8 is refused: every plan but "off" recomputes
+// layers, which FP8 Linear layers cannot (a recomputed block would not repeat its scales).
+int64_t memory_budget(const TrainFlags& flags) {
+  MT_CHECK(flags.precision != "fp8",
+           "--max-memory plans layer recomputation, which --precision fp8 cannot run; "
+           "choose --checkpoint off or selective");
+  try {
+    return mt::train::parse_memory_size(flags.max_memory);
+  } catch (const mt::Error& e) {
+    throw mt::Error(std::string("--max-memory: ") + e.what());
+  }
+}
+
+}  // namespace
+
 mt::train::MemoryEstimate plan_memory(const mt::nn::LlamaConfig& config, const TrainFlags& flags,
                                       const MemorySetup& setup) {
   mt::train::TrainingShape shape;
@@ -198,17 +216,21 @@ mt::train::MemoryEstimate plan_memory(const mt::nn::LlamaConfig& config, const T
   if (!setup.lora_targets.empty()) shape.lora_targets = setup.lora_targets;
   shape.base_dtype = setup.base_dtype;
   if (flags.max_memory.empty()) return mt::train::estimate_training_memory(config, shape, flags.checkpoint);
-  return mt::train::plan_checkpointing(config, shape, mt::train::parse_memory_size(flags.max_memory));
+  return mt::train::plan_checkpointing(config, shape, memory_budget(flags));
 }
 
-void print_memory_plan(const std::string& tag, const std::string& config_json_path, const TrainFlags& flags,
-                       const MemorySetup& setup) {
+mt::train::MemoryEstimate plan_memory(const std::string& config_json_path, const TrainFlags& flags,
+                                      const MemorySetup& setup) {
   const std::string type = mt::nn::model_type_of(config_json_path);
   MT_CHECK_T(mt::FileError, type == "llama" || type == "mistral" || type == "qwen2", config_json_path,
              ": --max-memory and --dry-run plan Llama-family models (llama, mistral, qwen2), not \"",
              type.empty() ? "gpt2" : type, "\"; choose --checkpoint off, blocks or blocks:K instead");
-  const mt::train::MemoryEstimate plan =
-      plan_memory(mt::nn::LlamaConfig::from_json_file(config_json_path), flags, setup);
+  return plan_memory(mt::nn::LlamaConfig::from_json_file(config_json_path), flags, setup);
+}
+
+void print_memory_plan(const std::string& tag, const std::string& config_json_path, const TrainFlags& flags,
+                       const MemorySetup& setup) {
+  const mt::train::MemoryEstimate plan = plan_memory(config_json_path, flags, setup);
   std::printf("%s: %lld x %lld tokens per micro-batch, checkpointing %s%s: planned peak %s\n", tag.c_str(),
               static_cast<long long>(flags.batch_size), static_cast<long long>(flags.seq_len),
               plan.checkpointing.c_str(), flags.max_memory.empty() ? "" : (" (fits " + flags.max_memory + ")").c_str(),
@@ -220,7 +242,7 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
   MT_CHECK(!flags.checkpoints.resume || !flags.checkpoints.save_dir.empty(), "--resume needs --save-dir");
   MT_CHECK(flags.checkpoints.stop_at == 0 || !flags.checkpoints.save_dir.empty(), "--stop-at needs --save-dir");
   MT_CHECK(!flags.cuda_graph || placement.device.is_cuda(), "--cuda-graph needs a CUDA device");
-  if (!flags.max_memory.empty()) mt::train::parse_memory_size(flags.max_memory);  // a bad size before anything runs
+  if (!flags.max_memory.empty()) memory_budget(flags);  // a bad size before anything runs
   MT_CHECK(flags.precision != "fp8" || placement.amp == mt::DType::bf16,
            "--precision fp8 runs the Linear layers in FP8 inside bf16 autocast and needs --amp bf16 (auto is bf16 "
            "on a GPU only); got ",

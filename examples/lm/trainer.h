@@ -85,9 +85,11 @@ struct MemorySetup {
 // --max-memory, else the estimate for --checkpoint.
 mt::train::MemoryEstimate plan_memory(const mt::nn::LlamaConfig& config, const TrainFlags& flags,
                                       const MemorySetup& setup);
-// --dry-run: prints plan_memory's answer for the model config.json describes, as
-// "<tag>: ... planned peak ...". A GPT-2 config is a FileError naming the flags (the plan knows
-// the Llama family's layers only).
+// plan_memory for the model config.json describes, before any weight is loaded. A GPT-2 config is
+// a FileError naming the flags (the plan knows the Llama family's layers only).
+mt::train::MemoryEstimate plan_memory(const std::string& config_json_path, const TrainFlags& flags,
+                                      const MemorySetup& setup);
+// --dry-run: prints that plan as "<tag>: ... planned peak ...".
 void print_memory_plan(const std::string& tag, const std::string& config_json_path, const TrainFlags& flags,
                        const MemorySetup& setup);
 

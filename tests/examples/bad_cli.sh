@@ -92,8 +92,12 @@ check fp8_with_layer_checkpointing \
   "${train[@]}" --data "$w/a.tok" --precision fp8 --amp bf16 --checkpoint layers:1
 check max_memory_for_gpt2 "mt_train: --max-memory plans Llama-family models (llama, mistral, qwen2), not gpt2" \
   "${train[@]}" --data "$w/a.tok" --max-memory 20GiB
-check max_memory_unit "mt_train: memory size '20TB': the unit must be GiB, G, MiB, M, GB or MB" "${train[@]}" \
-  --data "$w/a.tok" --max-memory 20TB
+check max_memory_unit "mt_train: --max-memory: memory size '20TB': the unit must be GiB, G, MiB, M, GB or MB" \
+  "${train[@]}" --data "$w/a.tok" --max-memory 20TB
+check max_memory_with_checkpoint "mt_train: --checkpoint excludes --max-memory" "${train[@]}" --data "$w/a.tok" \
+  --max-memory 20GiB --checkpoint blocks
+check max_memory_fp8 "mt_train: --max-memory plans layer recomputation, which --precision fp8 cannot run" \
+  "${train[@]}" --data "$w/a.tok" --max-memory 20GiB --precision fp8 --amp bf16
 check lora_fp8 "mt_lora: --precision fp8 is not supported for LoRA yet: the adapted layers run in bf16" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --precision fp8
 check lora_base_dtype_unknown "mt_lora: --base-dtype: expected auto, f32, bf16 or fp8, got f16" "${lora[@]}" \

@@ -112,7 +112,7 @@ TEST(MemoryPlan, SizesParseInBinaryAndDecimalUnitsAndBadOnesAreNamed) {
   EXPECT_EQ(parse_memory_size("21.5 G"), int64_t{43} << 29);
   EXPECT_EQ(parse_memory_size("512MiB"), int64_t{512} << 20);
   EXPECT_EQ(parse_memory_size("24GB"), int64_t{24000000000});
-  for (const std::string bad : {"", "GiB", "22", "22TB", "-1GiB", "0G"}) {
+  for (const std::string bad : {"", "GiB", "22", "22TB", "-1GiB", "0G", "1e400GiB", "1e10GiB", "1e-12GiB"}) {
     const std::string msg = error_message_of([&] { parse_memory_size(bad); });
     EXPECT_NE(msg.find("'" + bad + "'"), std::string::npos) << bad << ": " << msg;
   }

@@ -160,18 +160,21 @@ int main(int argc, char** argv) {
         mt::Tensor last_loss;
         // Every token is real, so each micro-batch's mean loss over `accumulate` is the whole batch's mean.
         auto train_step = [&] {
-          mt::Tensor loss;
+          mt::Tensor mean_loss;  // over the micro-batches: the step's loss
           opt.zero_grad(/*set_to_none=*/true);
           for (int64_t micro = 0; micro < accumulate; ++micro) {
+            mt::Tensor loss;
             {
               mt::AutocastGuard guard(device.type, low, autocast);
               loss = model.loss(x.slice(0, micro * batch, (micro + 1) * batch),
                                 y.slice(0, micro * batch, (micro + 1) * batch));
             }
-            mt::mul(loss, 1.0 / static_cast<double>(accumulate)).backward();
+            const mt::Tensor share = mt::mul(loss, 1.0 / static_cast<double>(accumulate));
+            share.backward();
+            mean_loss = mean_loss.defined() ? mt::add(mean_loss, share.detach()) : share.detach();
           }
           opt.step();
-          return loss.detach();
+          return mean_loss;
         };
         const std::vector<double> times = bench::time_steps(device, warmup, steps, [&](int64_t step) {
           const mt::Tensor loss = train_step();
