@@ -105,7 +105,7 @@ int64_t recomputed_layers(int64_t layers, const std::string& checkpointing) {
 
 std::string gib(int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / kGiB);
+  std::snprintf(text, sizeof(text), "%.3f", static_cast<double>(bytes) / kGiB);
   return text;
 }
 

@@ -128,7 +128,7 @@ void expect_checkpointing_changes_nothing(Device device, bool autocast, double t
   const Tensor ids = uniform({2, 12}, 0, 37, {}, &data).to(DType::i64).to(device);
   std::vector<std::vector<double>> runs;
   std::vector<double> losses;
-  for (const std::string mode : {"off", "blocks", "blocks:2"}) {
+  for (const std::string mode : {"off", "blocks", "blocks:2", "layers:2"}) {
     model.set_checkpointing(mode);
     EXPECT_EQ(model.checkpointing(), mode);
     for (Tensor p : model.parameters()) p.set_grad(Tensor());
