@@ -11,7 +11,9 @@
 #                 beside PyTorch from the same weights and batches (tools/parity/loss_curve.py,
 #                 bf16) and compare the losses; then FP8 against bf16 from the same weights and batches,
 #                 300 steps at GPT-2 124M's shape and a 300-step LoRA over an FP8 base against a bf16 one
-#                 (tools/parity/fp8_convergence.py)
+#                 (tools/parity/fp8_convergence.py); and a 200-step LoRA fine-tune of a small Llama
+#                 with 2 micro-batches and the --max-memory plan against the plain run, bf16
+#                 (tools/parity/lora_mechanisms.py, within 2%)
 #     --demo      also run the main job, tools/demo.sh, on the GPU
 # That machine has no network and nothing can be installed on it, so tools/setup.sh is not called:
 # everything is already there except cudnn-frontend's headers, which travel in third_party/ (carry it).
@@ -136,6 +138,12 @@ if ((loss_curve)); then
     >"$out/fp8_convergence.log" 2>&1 || fp8_rc=$?
   grep -E '^(final|divergence|fp8 overflows|PASS|FAIL)' "$out/fp8_convergence.log" || tail -n 20 "$out/fp8_convergence.log"
   ((fp8_rc == 0)) || { echo "fp8 convergence: FAILED (exit $fp8_rc, log: $out/fp8_convergence.log)"; loss_curve_rc=$fp8_rc; }
+  mech_rc=0
+  # bf16 autocast: accumulation reorders bf16 sums, so the runs agree to bf16's noise, not f32's.
+  python3 tools/parity/lora_mechanisms.py --bin "$build/examples" --device cuda --steps 200 --tolerance 0.02 \
+    --workdir "$build/lora_mechanisms" README.md docs/*.md >"$out/lora_mechanisms.log" 2>&1 || mech_rc=$?
+  grep -E 'memory plan|largest relative gap' "$out/lora_mechanisms.log" || tail -n 20 "$out/lora_mechanisms.log"
+  ((mech_rc == 0)) || { echo "lora mechanisms: FAILED (exit $mech_rc, log: $out/lora_mechanisms.log)"; loss_curve_rc=$mech_rc; }
 fi
 
 demo_rc=0
