@@ -25,31 +25,17 @@ Standard library only; --plot draws the curves where matplotlib imports.
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from program_runs import Runner, program_env
 
 PRETRAIN_PERL_BYTES = 3_000_000  # Perl modules added to the licences for pretraining
 
 
-def fail(message, code=2):
-    print(f"fp8_convergence: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
-def run(label, argv, log_path, env, shown=None):
-    """Runs a program with its output in log_path; on failure prints the log's tail and exits 2."""
-    print(f"fp8_convergence: {label}: {shown or ' '.join(str(a) for a in argv)}", flush=True)
-    with open(log_path, "w") as log:
-        result = subprocess.run([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT, env=env)
-    if result.returncode != 0:
-        tail = Path(log_path).read_text(errors="replace").splitlines()[-30:]
-        print(f"fp8_convergence: {label} failed (exit status {result.returncode}); the end of {log_path}:",
-              file=sys.stderr)
-        print("\n".join("  " + line for line in tail), file=sys.stderr)
-        sys.exit(2)
+RUNNER = Runner("fp8_convergence")
+fail, run = RUNNER.fail, RUNNER.run
 
 
 def perl_base_dir():
@@ -234,17 +220,9 @@ def main():
     p.add_argument("--plot", help="write both pairs' loss curves to this PNG (needs matplotlib)")
     args = p.parse_args()
 
-    bin_dir = Path(args.bin)
-    programs = {name: bin_dir / name for name in ("mt_train", "mt_lora", "mt_tokenize")}
-    for name, path in programs.items():
-        if not os.access(path, os.X_OK):
-            fail(f"no {name} in {bin_dir} (build it, or give --bin)")
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fp8_convergence."))
-    work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    # Idle OpenMP threads sleep instead of spinning: much faster on small or shared machines.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    print(f"fp8_convergence: working in {work}")
+    programs = RUNNER.programs(args.bin, ("mt_train", "mt_lora", "mt_tokenize"))
+    work = RUNNER.workdir(args.workdir)
+    env = program_env()
 
     pretrain, pretrain_val = args.pretrain_data, args.pretrain_val
     lora, lora_val = args.lora_data, args.lora_val

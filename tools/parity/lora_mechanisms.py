@@ -16,27 +16,19 @@ mt_train on a config.json of the given shape, the data from mt_tokenize over the
 import argparse
 import json
 import math
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from program_runs import Runner, program_env
 
-def fail(message):
-    print(f"lora_mechanisms: {message}", file=sys.stderr)
-    sys.exit(2)
+
+RUNNER = Runner("lora_mechanisms")
+fail = RUNNER.fail
 
 
 def run(label, argv, log, env):
-    print(f"lora_mechanisms: {label}", flush=True)
-    with open(log, "w") as out:
-        result = subprocess.run([str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env)
-    if result.returncode != 0:
-        tail = Path(log).read_text().splitlines()[-15:]
-        fail(f"{label} failed (exit status {result.returncode}); the end of {log}:\n" + "\n".join(tail))
-    return Path(log).read_text()
+    return RUNNER.run(label, argv, log, env, shown=label)
 
 
 def planned_peak(text):
@@ -74,14 +66,9 @@ def main():
     args = p.parse_args()
     if args.batch_size % 2 or args.batch_size < 2:
         p.error("--batch-size must be even")
-    programs = {name: Path(args.bin) / name for name in ("mt_train", "mt_lora", "mt_tokenize")}
-    for name, path in programs.items():
-        if not os.access(path, os.X_OK):
-            fail(f"no {name} in {args.bin} (build it, or give --bin)")
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lora_mechanisms."))
-    work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    programs = RUNNER.programs(args.bin, ("mt_train", "mt_lora", "mt_tokenize"))
+    work = RUNNER.workdir(args.workdir)
+    env = program_env()
 
     config = dict(model_type="llama", vocab_size=256, hidden_size=args.hidden, intermediate_size=3 * args.hidden // 2,
                   num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
