@@ -30,8 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Device cuda0() { return Device(DeviceType::cuda, 0); }
-
 // Every projection's sides a multiple of 16 (FP8's rule): width 32, MLP 64, 2 query heads of 16
 // sharing one key/value head; the head (37 tokens) is untied and stays out of FP8 anyway.
 LlamaConfig fp8_llama_config() {
@@ -73,20 +71,6 @@ std::shared_ptr<Llama> bf16_llama(uint64_t seed, Device device = kCPU) {
   model->to(DType::bf16);
   model->to(device);
   return model;
-}
-
-// [4, 17] tokens, each row following t -> (5 t + 3) mod 37 from its own start: inputs and targets.
-struct Batch {
-  Tensor x, y;
-};
-Batch make_batch(Device device) {
-  std::vector<double> ids;
-  for (int row = 0; row < 4; ++row) {
-    int t = 7 * row + 1;
-    for (int i = 0; i < 17; ++i, t = (5 * t + 3) % 37) ids.push_back(t);
-  }
-  const Tensor seq = from_vector(ids, {4, 17}, DType::i64).to(device);
-  return {seq.slice(1, 0, 16), seq.slice(1, 1, 17)};
 }
 
 std::vector<std::shared_ptr<Linear>> projections(const Module& model) {
@@ -136,7 +120,7 @@ TEST(Fp8Base, QuantizedLinearsHoldOneBytePerWeightFrozenBesideTheirScales) {
   EXPECT_EQ(state.at("model.layers.1.mlp.down_proj.weight_scale_inv").dtype(), DType::f32);
   EXPECT_TRUE(quantize_linears_fp8(*model).empty()) << "nothing left to quantize";
   // The model runs: the projections through fp8_rowwise_linear.
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   AutocastGuard amp(DeviceType::cpu, DType::bf16);
   EXPECT_TRUE(std::isfinite(model->loss(b.x, b.y).item()));
 }
@@ -222,13 +206,13 @@ TEST(Fp8Base, StateDictCarriesTheFp8WeightsAndRefusesConversions) {
 }
 
 // The loss of one forward under bf16 autocast.
-Tensor loss_of(const Llama& model, const Batch& b) {
+Tensor loss_of(const Llama& model, const TokenBatch& b) {
   AutocastGuard amp(b.x.device().type, DType::bf16);
   return model.loss(b.x, b.y);
 }
 
 // `steps` AdamW steps on the adapters of `model`; the losses.
-std::vector<double> train(Llama& model, const Batch& b, int steps) {
+std::vector<double> train(Llama& model, const TokenBatch& b, int steps) {
   AdamW opt(model.trainable_parameters(), AdamWOptions(1e-2).weight_decay(0.0));
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
@@ -248,7 +232,7 @@ std::vector<double> train(Llama& model, const Batch& b, int steps) {
 // rounding). The 0.01 leaves room for a GPU's own order of additions near the end, where a small
 // difference is a large share of a small loss.
 void expect_lora_trains_like_over_bf16(Device device) {
-  const Batch b = make_batch(device);
+  const TokenBatch b = make_batch(device);
   auto reference = bf16_llama(6, device);
   Generator draws(7);
   apply_lora(*reference, lora_options(), &draws);
@@ -305,7 +289,7 @@ TEST(Fp8Base, QuantizingAMergedLayerIsRefused) {
 // apply_lora keeps a quantized base, and quantize_linears_fp8 quantizes the bases of LoRA layers
 // (never the factors): either order gives the same model, the same loss bit for bit.
 TEST(Fp8Base, LoraBeforeOrAfterQuantizingIsTheSameModel) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   auto first = bf16_llama(9);
   quantize_linears_fp8(*first);
   Generator g1(10);
@@ -331,7 +315,7 @@ TEST(Fp8Base, LoraBeforeOrAfterQuantizingIsTheSameModel) {
 // The casts take their scales from the tensor being cast, so a recomputed layer (gradient
 // checkpointing of whole blocks) casts as the first pass did: the same loss and gradients bit for bit.
 TEST(Fp8Base, CheckpointedLayersRecomputeTheSameCasts) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   auto model = bf16_llama(11);
   quantize_linears_fp8(*model);
   apply_lora(*model, lora_options());
@@ -360,7 +344,7 @@ TEST(Fp8Base, AGptOverAnFp8BaseRunsItsLinearsOneByOne) {
   Generator gen(12);
   GPT model(c, &gen);
   EXPECT_EQ(quantize_linears_fp8(model).size(), 8u);
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   Tensor loss;
   {
     AutocastGuard amp(DeviceType::cpu, DType::bf16);
@@ -371,7 +355,7 @@ TEST(Fp8Base, AGptOverAnFp8BaseRunsItsLinearsOneByOne) {
 
 // An adapter trained over an FP8 base saves as any adapter and loads into a fresh FP8 model.
 TEST(Fp8Base, AnAdapterSavesAndLoadsOverAnFp8Base) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   auto model = bf16_llama(13);
   quantize_linears_fp8(*model);
   apply_lora(*model, lora_options());

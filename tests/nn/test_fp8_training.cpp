@@ -27,22 +27,6 @@
 namespace mt::nn {
 namespace {
 
-Device cuda0() { return Device(DeviceType::cuda, 0); }
-
-// [4, 17] tokens, each row following t -> (5 t + 3) mod 37 from its own start: inputs and targets.
-struct Batch {
-  Tensor x, y;
-};
-Batch make_batch(Device device) {
-  std::vector<double> ids;
-  for (int row = 0; row < 4; ++row) {
-    int t = 7 * row + 1;
-    for (int i = 0; i < 17; ++i, t = (5 * t + 3) % 37) ids.push_back(t);
-  }
-  const Tensor seq = from_vector(ids, {4, 17}, DType::i64).to(device);
-  return {seq.slice(1, 0, 16), seq.slice(1, 1, 17)};
-}
-
 // A model and its optimizer.
 struct Trainee {
   explicit Trainee(uint64_t seed, Device device = kCPU) {
@@ -56,7 +40,7 @@ struct Trainee {
 };
 
 // The loss of one forward under bf16 autocast, inside an Fp8AutocastGuard when a recipe is given.
-Tensor loss_of(const CausalLM& model, const Batch& b, const std::optional<Fp8Recipe>& fp8) {
+Tensor loss_of(const CausalLM& model, const TokenBatch& b, const std::optional<Fp8Recipe>& fp8) {
   const DeviceType type = b.x.device().type;
   AutocastGuard amp(type, DType::bf16);
   std::optional<Fp8AutocastGuard> guard;
@@ -65,7 +49,8 @@ Tensor loss_of(const CausalLM& model, const Batch& b, const std::optional<Fp8Rec
 }
 
 // `steps` optimizer steps of `micro` micro-batches each; the losses as f64.
-std::vector<double> train(Trainee& t, const Batch& b, const std::optional<Fp8Recipe>& fp8, int steps, int micro = 1) {
+std::vector<double> train(Trainee& t, const TokenBatch& b, const std::optional<Fp8Recipe>& fp8, int steps,
+                          int micro = 1) {
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     t.opt->zero_grad();
@@ -88,7 +73,7 @@ std::vector<std::vector<float>> weights(const Module& m) {
 // 30 steps each from the same weights: the FP8 runs' losses fall as the bf16 run's do, within 5%
 // of it at every step and 2% over the last five (on the CPU the largest gap is 0.44%).
 void expect_trains_close_to_bf16(Device device) {
-  const Batch b = make_batch(device);
+  const TokenBatch b = make_batch(device);
   Trainee bf16(1, device);
   const std::vector<double> ref = train(bf16, b, std::nullopt, 30);
   for (const Fp8Recipe& recipe : {Fp8Recipe::delayed(), Fp8Recipe::current()}) {
@@ -111,7 +96,7 @@ TEST(Fp8Training, TinyGptTrainsCloseToBf16) { expect_trains_close_to_bf16(kCPU);
 // Off, the model is today's: the same loss and gradients bit for bit, no FP8 state, the same
 // state_dict; after an FP8 run the state_dict is still the same names.
 TEST(Fp8Training, GuardOffIsTodaysModelBitForBit) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   Trainee t(2);
   const auto grads_with = [&](bool guard_off) {
     t.opt->zero_grad();
@@ -139,7 +124,7 @@ TEST(Fp8Training, GuardOffIsTodaysModelBitForBit) {
 // Note [FP8 weight cache]: every layer casts its weight once for the two micro-batches of a step,
 // and again after the step.
 TEST(Fp8Training, WeightsAreCastOncePerOptimizerStep) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   Trainee t(3);
   train(t, b, Fp8Recipe::delayed(), 1, /*micro=*/2);
   const std::vector<Linear*> layers = linears_of(*t.model);
@@ -162,7 +147,7 @@ TEST(Fp8Training, LlamasUntiedHeadStaysBf16) {
   Llama model(c, &gen);
   ASSERT_NE(model.lm_head, nullptr);
   EXPECT_TRUE(model.lm_head->fp8_excluded);
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   loss_of(model, b, Fp8Recipe::current()).backward();
   EXPECT_EQ(model.lm_head->fp8_state, nullptr);
   EXPECT_NE(model.model->layers[0]->self_attn->q_proj->fp8_state, nullptr);
@@ -170,7 +155,7 @@ TEST(Fp8Training, LlamasUntiedHeadStaysBf16) {
 }
 
 TEST(Fp8Training, BlockCheckpointingIsRefusedAndSelectiveWorks) {
-  const Batch b = make_batch(kCPU);
+  const TokenBatch b = make_batch(kCPU);
   Trainee t(5);
   t.model->set_checkpointing(GPTCheckpointing::parse("blocks"));
   const std::string msg = error_message_of([&] { loss_of(*t.model, b, Fp8Recipe::delayed()); });
@@ -186,7 +171,7 @@ void expect_resume_bit_for_bit(Device device) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("mt_fp8_resume_" + std::to_string(::getpid()) + "_" + device.str() + ".safetensors"))
                                .string();
-  const Batch b = make_batch(device);
+  const TokenBatch b = make_batch(device);
   const Fp8Recipe recipe = Fp8Recipe::delayed(4);
   Trainee a(6, device);
   train(a, b, recipe, 3);
