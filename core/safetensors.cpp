@@ -259,16 +259,24 @@ void read_exact(std::ifstream& in, const std::string& path, uint64_t offset, voi
   }
 }
 
-}  // namespace
+// A safetensors file opened and its header validated: the stream, the entries, the metadata.
+struct OpenedFile {
+  std::ifstream in;
+  uint64_t data_start = 0;
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+};
 
-SafetensorsFile load_safetensors(const std::string& path, Device device) {
+OpenedFile open_safetensors(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail_file(path, "cannot open safetensors file: ", errno_text(errno));
   if (!S_ISREG(st.st_mode)) fail_file(path, "cannot open safetensors file: not a regular file");
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
 
   errno = 0;
-  std::ifstream in(path, std::ios::binary);
+  OpenedFile out;
+  std::ifstream& in = out.in;
+  in.open(path, std::ios::binary);
   if (!in) fail_file(path, "cannot open safetensors file: ", errno_text(errno));
 
   if (file_bytes < 8) {
@@ -287,12 +295,10 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
   }
   std::string text(header_bytes, '\0');
   read_exact(in, path, 8, text.data(), header_bytes, "the header");
-  const uint64_t data_start = 8 + header_bytes;
-  const uint64_t data_bytes = file_bytes - data_start;
+  out.data_start = 8 + header_bytes;
+  const uint64_t data_bytes = file_bytes - out.data_start;
 
   const json header = parse_header(path, text);
-  SafetensorsFile out;
-  std::vector<Entry> entries;
   for (const auto& item : header.items()) {
     if (item.key() == kMetadataKey) {
       if (!item.value().is_object()) {
@@ -306,13 +312,22 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, item.key(), item.value(), data_bytes));
+    out.entries.push_back(parse_entry(path, item.key(), item.value(), data_bytes));
   }
-  check_coverage(path, entries, data_bytes);
+  check_coverage(path, out.entries, data_bytes);
+  return out;
+}
 
-  for (const Entry& e : entries) {
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path, Device device) {
+  OpenedFile file = open_safetensors(path);
+  SafetensorsFile out;
+  out.metadata = std::move(file.metadata);
+  for (const Entry& e : file.entries) {
     Tensor t = empty(e.shape, TensorOptions().dtype(e.dtype));
-    read_exact(in, path, data_start + e.begin, t.data_ptr(), t.nbytes(), detail::str_cat("tensor '", e.name, "'"));
+    read_exact(file.in, path, file.data_start + e.begin, t.data_ptr(), t.nbytes(),
+               detail::str_cat("tensor '", e.name, "'"));
     if (e.dtype == DType::boolean) {
       const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
       for (int64_t i = 0; i < t.numel(); ++i) {
@@ -324,6 +339,14 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
     }
     out.tensors.emplace(e.name, device == kCPU ? t : raw::to(t, device));
   }
+  return out;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  OpenedFile file = open_safetensors(path);
+  SafetensorsHeader out;
+  out.metadata = std::move(file.metadata);
+  for (const Entry& e : file.entries) out.tensors.emplace(e.name, std::make_pair(e.dtype, e.shape));
   return out;
 }
 

@@ -33,6 +33,14 @@ struct SafetensorsFile {
 // Reads and validates `path`; the tensors are created on `device`.
 SafetensorsFile load_safetensors(const std::string& path, Device device = kCPU);
 
+struct SafetensorsHeader {
+  std::map<std::string, std::pair<DType, Shape>> tensors;  // name -> dtype and shape
+  std::map<std::string, std::string> metadata;
+};
+
+// `path`'s header alone, validated as load_safetensors validates it; no tensor's bytes are read.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
 // Writes `tensors` (any device, any layout; copied to contiguous host bytes) and `metadata`.
 // Atomic: on failure nothing named `path` is created or changed, and no temporary file is left.
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,

@@ -14,14 +14,12 @@
 // into the checkpoint with mt_merge.
 #include <CLI/CLI.hpp>
 
-#include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "examples/lm/trainer.h"
 #include "ops/nn/fp8_base.h"
+#include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/lora.h"
 #include "ops/ops.h"
 #include "train/model_directory.h"
@@ -29,32 +27,10 @@
 namespace {
 
 // The frozen base's dtype for the memory plan: --base-dtype, or with auto the checkpoint's, from
-// the header of model.safetensors (or of the first shard model.safetensors.index.json names): no
-// weight is read. A header that cannot be read leaves bf16, the usual release dtype; loading the
-// base reports what is wrong with it.
+// its safetensors headers (no weight is read).
 std::string planned_base_dtype(const std::string& flag, const std::string& dir) {
   if (flag != "auto") return flag;
-  std::string file = dir + "/model.safetensors";
-  if (std::ifstream index(dir + "/model.safetensors.index.json"); index) {
-    const nlohmann::json fields = nlohmann::json::parse(index, nullptr, /*allow_exceptions=*/false);
-    if (fields.is_object() && fields.contains("weight_map") && fields["weight_map"].is_object() &&
-        !fields["weight_map"].empty() && fields["weight_map"].begin()->is_string()) {
-      file = dir + "/" + fields["weight_map"].begin()->get<std::string>();
-    }
-  }
-  std::ifstream in(file, std::ios::binary);
-  uint64_t header_bytes = 0;
-  if (!in.read(reinterpret_cast<char*>(&header_bytes), sizeof(header_bytes)) || header_bytes > (uint64_t{1} << 27)) {
-    return "bf16";
-  }
-  std::string header(header_bytes, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(header_bytes))) return "bf16";
-  const nlohmann::json tensors = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (!tensors.is_object()) return "bf16";
-  for (const auto& [name, entry] : tensors.items()) {
-    if (name != "__metadata__" && entry.is_object() && entry.value("dtype", "") == "F32") return "f32";
-  }
-  return "bf16";
+  return mt::nn::hf_checkpoint_dtype(dir) == mt::DType::f32 ? "f32" : "bf16";
 }
 
 }  // namespace
@@ -117,7 +93,10 @@ int main(int argc, char** argv) {
     lm_example::MemorySetup memory;  // for --dry-run and --max-memory (Llama family)
     memory.lora_r = lora.r;
     memory.lora_targets = lm_example::split_commas(targets);  // empty: the seven projections
-    memory.base_dtype = planned_base_dtype(base_dtype, base);
+    if (train_flags.dry_run || !train_flags.max_memory.empty()) {
+      mt::nn::model_type_of(base + "/config.json");  // the config's errors before the weights'
+      memory.base_dtype = planned_base_dtype(base_dtype, base);
+    }
     if (train_flags.dry_run) {
       lm_example::print_memory_plan("mt_lora", base + "/config.json", train_flags, memory);
       return 0;

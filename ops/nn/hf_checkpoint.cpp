@@ -78,6 +78,27 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) {
   }
 }
 
+DType hf_checkpoint_dtype(const std::string& dir) {
+  const fs::path index = fs::path(dir) / kIndex, single = fs::path(dir) / kSingle;
+  std::vector<std::string> files;
+  if (fs::exists(index)) {
+    for (const auto& [shard, names] : read_index(index.string())) files.push_back((fs::path(dir) / shard).string());
+  } else if (fs::exists(single)) {
+    files.push_back(single.string());
+  } else {
+    fail_file(dir, "holds neither ", kSingle, " nor ", kIndex);
+  }
+  // HfCheckpoint's rule: the dtype of the first floating tensor in name order.
+  std::map<std::string, DType> dtypes;
+  for (const std::string& file : files) {
+    for (const auto& [name, info] : read_safetensors_header(file).tensors) dtypes.emplace(name, info.first);
+  }
+  for (const auto& [name, dtype] : dtypes) {
+    if (is_floating(dtype)) return dtype;
+  }
+  return DType::f32;
+}
+
 void save_hf_checkpoint(const std::string& dir, const std::map<std::string, Tensor>& state, int64_t max_shard_bytes) {
   MT_CHECK(max_shard_bytes > 0, "save_hf_checkpoint: max_shard_bytes must be positive");
   for (const auto& [name, t] : state) {

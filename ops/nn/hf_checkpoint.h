@@ -30,6 +30,10 @@ class HfCheckpoint {
   std::string description_;
 };
 
+// HfCheckpoint(dir).dtype() from the headers alone (of model.safetensors, or of the shards the
+// index names): no weight is read. Throws as HfCheckpoint does for a directory without either.
+DType hf_checkpoint_dtype(const std::string& dir);
+
 // Writes `state` (HF names) as dir/model.safetensors, or, when larger than max_shard_bytes, as
 // shards and their index (each file atomic). Tensors are placed in name order. An FP8 tensor (a
 // frozen base from quantize_linears_fp8) is refused before anything is written: a Hugging Face

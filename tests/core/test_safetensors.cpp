@@ -221,6 +221,20 @@ TEST_F(Safetensors, EmptyAndScalarTensorsRoundTrip) {
   EXPECT_EQ(loaded.tensors.at("scalar").item(), 2.5);
 }
 
+TEST_F(Safetensors, HeaderAloneGivesTheDtypesShapesAndMetadataAndIsValidatedAsTheFileIs) {
+  mt::save_safetensors(path_, {{"w", mt::ones({2, 3}, mt::DType::bf16)}, {"i", mt::zeros({4}, mt::DType::i64)}},
+                       {{"format", "pt"}});
+  const mt::SafetensorsHeader header = mt::read_safetensors_header(path_);
+  ASSERT_EQ(header.tensors.size(), 2u);
+  EXPECT_EQ(header.tensors.at("w"), std::make_pair(mt::DType::bf16, mt::Shape{2, 3}));
+  EXPECT_EQ(header.tensors.at("i"), std::make_pair(mt::DType::i64, mt::Shape{4}));
+  EXPECT_EQ(header.metadata.at("format"), "pt");
+  std::filesystem::resize_file(path_, std::filesystem::file_size(path_) - 1);  // the data section cut short
+  const std::string msg = error_message_of([&] { mt::read_safetensors_header(path_); });
+  EXPECT_EQ(msg, error_message_of([&] { mt::load_safetensors(path_); }));
+  EXPECT_EQ(msg.rfind(path_, 0), 0u) << msg;
+}
+
 TEST_F(Safetensors, SaveOverwritesAnExistingFile) {
   mt::save_safetensors(path_, {{"old", mt::ones({3})}});
   mt::save_safetensors(path_, {{"new", mt::zeros({2})}});
