@@ -40,6 +40,7 @@ struct Layout {
   uint64_t vocab_size = 0;
   int bytes_per_token = 2;
   bool has_loss_mask = false;
+  bool has_example_starts = false;
   const char* what = "token file";  // the format's name in messages
 };
 
@@ -52,16 +53,55 @@ std::string expected_bytes(const Layout& layout) {
 }
 
 // The file holds exactly the header, the tokens and the mask: nothing missing, nothing after.
+// With example starts, it holds at least those and the example count (check_example_starts
+// sees to the rest).
 void check_size(const std::string& path, const Layout& layout, uint64_t file_bytes) {
   const uint64_t per_token = static_cast<uint64_t>(layout.bytes_per_token) + (layout.has_loss_mask ? 1 : 0);
   const uint64_t data_bytes = file_bytes - layout.header_bytes;
-  if (data_bytes % per_token != 0 || data_bytes / per_token != layout.count) {
+  if (layout.has_example_starts) {
+    const bool fits = layout.count <= (data_bytes - std::min<uint64_t>(data_bytes, 8)) / per_token;
+    if (data_bytes < 8 || !fits) {
+      fail_file(path, layout.what, " size mismatch: the header's count of ", layout.count, " tokens",
+                layout.has_loss_mask ? " with a loss mask" : "", " and example starts needs more than ",
+                expected_bytes(layout), " bytes but the file has ", file_bytes, " bytes (truncated)");
+    }
+  } else if (data_bytes % per_token != 0 || data_bytes / per_token != layout.count) {
     const bool truncated = data_bytes / per_token < layout.count;
     fail_file(path, layout.what, " size mismatch: the header's count of ", layout.count, " tokens",
               layout.has_loss_mask ? " with a loss mask" : "", " needs ", expected_bytes(layout),
               " bytes but the file has ", file_bytes, " bytes (", truncated ? "truncated" : "trailing bytes", ")");
   }
   if (layout.count == 0) fail_file(path, layout.what, " holds zero tokens");
+}
+
+// The example starts section at `section` (the file's last `section_bytes` bytes): its count,
+// then exactly that many starts, 0 first, strictly increasing, each below the token count.
+// Returns the count.
+int64_t check_example_starts(const std::string& path, const Layout& layout, const unsigned char* section,
+                             uint64_t section_bytes, uint64_t file_bytes) {
+  const uint64_t count = get_le(section, 8);
+  if (count == 0) fail_file(path, "token file example count is 0 (a file with example starts holds at least one)");
+  const uint64_t room = (section_bytes - 8) / 8;
+  if (count != room || (section_bytes - 8) % 8 != 0) {
+    const std::string needed = count > (UINT64_MAX - file_bytes) / 8
+                                   ? std::string("more than 2^64")
+                                   : std::to_string(file_bytes - section_bytes + 8 + 8 * count);
+    fail_file(path, "token file example count of ", count, " needs ", needed, " bytes but the file has ", file_bytes,
+              " bytes (", count > room ? "truncated" : "trailing bytes", ")");
+  }
+  const unsigned char* starts = section + 8;
+  const uint64_t first = get_le(starts, 8);
+  if (first != 0) fail_file(path, "example start 0 (= ", first, ") is not 0: the first example starts at token 0");
+  for (uint64_t e = 1; e < count; ++e) {
+    const uint64_t start = get_le(starts + 8 * e, 8), before = get_le(starts + 8 * (e - 1), 8);
+    if (start <= before) {
+      fail_file(path, "example start ", e, " (= ", start, ") is not greater than the one before (= ", before, ")");
+    }
+    if (start >= layout.count) {
+      fail_file(path, "example start ", e, " (= ", start, ") is not below the token count ", layout.count);
+    }
+  }
+  return static_cast<int64_t>(count);
 }
 
 uint64_t checked_expected_vocab(const std::string& path, std::optional<int64_t> expected) {
@@ -112,12 +152,13 @@ void check_mttokens_fields(const std::string& path, Layout& layout, uint64_t ver
     fail_file(path, "token file has ", token_bytes, " bytes per token, but its vocab_size ", layout.vocab_size,
               " takes ", needed, " (2 up to 65536, else 4)");
   }
-  if ((flags & ~uint64_t{kTokenFileFlagLossMask}) != 0) {
+  if ((flags & ~uint64_t{kTokenFileFlagLossMask | kTokenFileFlagExampleStarts}) != 0) {
     fail_file(path, "token file flags 0x", std::hex, flags, std::dec,
-              " set unknown bits (only bit 0, has a loss mask, is defined)");
+              " set unknown bits (only bit 0, has a loss mask, and bit 1, has example starts, are defined)");
   }
   layout.bytes_per_token = needed;
   layout.has_loss_mask = (flags & kTokenFileFlagLossMask) != 0;
+  layout.has_example_starts = (flags & kTokenFileFlagExampleStarts) != 0;
 }
 
 Layout check_mttokens_header(const std::string& path, const unsigned char* bytes, uint64_t file_bytes,
@@ -182,8 +223,8 @@ void check_loss_mask(const std::string& path, const Layout& layout, const uint8_
 // Validates the arguments, then writes the header and the tokens in the file's width, a
 // chunk at a time, so neither a narrowing nor a widening copy of the whole corpus is made.
 template <typename Id>
-void write_tokens(const std::string& path, const Id* tokens, size_t count, int64_t vocab_size,
-                  const uint8_t* loss_mask) {
+void write_tokens(const std::string& path, const Id* tokens, size_t count, int64_t vocab_size, const uint8_t* loss_mask,
+                  const uint64_t* example_starts, size_t num_examples) {
   MT_CHECK(vocab_size >= 1 && vocab_size <= kTokenFileMaxVocab, "write_token_file: ", path, ": vocab_size ", vocab_size,
            " is outside [1, ", kTokenFileMaxVocab, "]");
   MT_CHECK(count >= 1, "write_token_file: ", path, ": no tokens to write (a token file holds at least one)");
@@ -195,13 +236,30 @@ void write_tokens(const std::string& path, const Id* tokens, size_t count, int64
     MT_CHECK(loss_mask[i] <= 1, "write_token_file: ", path, ": loss mask byte ", static_cast<int>(loss_mask[i]),
              " at position ", i, " is not 0 or 1");
   }
+  if (example_starts != nullptr) {
+    MT_CHECK(num_examples >= 1, "write_token_file: ", path, ": example starts given, but none (at least one: 0)");
+    MT_CHECK(example_starts[0] == 0, "write_token_file: ", path, ": example start 0 (= ", example_starts[0],
+             ") is not 0: the first example starts at token 0");
+    for (size_t e = 1; e < num_examples; ++e) {
+      MT_CHECK(example_starts[e] > example_starts[e - 1], "write_token_file: ", path, ": example start ", e,
+               " (= ", example_starts[e], ") is not greater than the one before (= ", example_starts[e - 1], ")");
+      MT_CHECK(example_starts[e] < count, "write_token_file: ", path, ": example start ", e, " (= ", example_starts[e],
+               ") is not below the token count ", count);
+    }
+  } else {
+    MT_CHECK(num_examples == 0, "write_token_file: ", path, ": ", num_examples,
+             " example starts, but no pointer to them");
+  }
+  uint32_t flags = 0;
+  if (loss_mask != nullptr) flags |= kTokenFileFlagLossMask;
+  if (example_starts != nullptr) flags |= kTokenFileFlagExampleStarts;
   const int token_bytes = bytes_per_token_for(vocab_size);
   unsigned char header[kTokenFileHeaderBytes] = {};
   std::memcpy(header, kTokenFileMagic, sizeof(kTokenFileMagic));
   put_le(header + 8, kTokenFileVersion, 4);
   put_le(header + 12, static_cast<uint64_t>(token_bytes), 4);
   put_le(header + 16, static_cast<uint64_t>(vocab_size), 4);
-  put_le(header + 20, loss_mask != nullptr ? kTokenFileFlagLossMask : 0, 4);
+  put_le(header + 20, flags, 4);
   put_le(header + 24, count, 8);
   write_file_atomically(path, "token file", [&](const ChunkWriter& write) {
     write(header, sizeof(header));
@@ -225,6 +283,12 @@ void write_tokens(const std::string& path, const Id* tokens, size_t count, int64
       write_as(uint32_t{});
     }
     if (loss_mask != nullptr) write(loss_mask, count);
+    if (example_starts != nullptr) {
+      std::vector<unsigned char> section(8 * (num_examples + 1));
+      put_le(section.data(), num_examples, 8);
+      for (size_t e = 0; e < num_examples; ++e) put_le(section.data() + 8 * (e + 1), example_starts[e], 8);
+      write(section.data(), section.size());
+    }
   });
 }
 
@@ -233,28 +297,41 @@ void write_tokens(const std::string& path, const Id* tokens, size_t count, int64
 int bytes_per_token_for(int64_t vocab_size) { return vocab_size <= kTokenFileMaxU16Vocab ? 2 : 4; }
 
 void write_token_file(const std::string& path, const uint32_t* tokens, size_t count, int64_t vocab_size,
-                      const uint8_t* loss_mask) {
-  write_tokens(path, tokens, count, vocab_size, loss_mask);
+                      const uint8_t* loss_mask, const uint64_t* example_starts, size_t num_examples) {
+  write_tokens(path, tokens, count, vocab_size, loss_mask, example_starts, num_examples);
 }
 
 void write_token_file(const std::string& path, const uint16_t* tokens, size_t count, int64_t vocab_size,
-                      const uint8_t* loss_mask) {
-  write_tokens(path, tokens, count, vocab_size, loss_mask);
+                      const uint8_t* loss_mask, const uint64_t* example_starts, size_t num_examples) {
+  write_tokens(path, tokens, count, vocab_size, loss_mask, example_starts, num_examples);
 }
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size) {
-  write_tokens(path, tokens.data(), tokens.size(), vocab_size, /*loss_mask=*/nullptr);
+  write_tokens(path, tokens.data(), tokens.size(), vocab_size, /*loss_mask=*/nullptr, /*example_starts=*/nullptr,
+               /*num_examples=*/0);
 }
 
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens, int64_t vocab_size) {
-  write_tokens(path, tokens.data(), tokens.size(), vocab_size, /*loss_mask=*/nullptr);
+  write_tokens(path, tokens.data(), tokens.size(), vocab_size, /*loss_mask=*/nullptr, /*example_starts=*/nullptr,
+               /*num_examples=*/0);
 }
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       const std::vector<uint8_t>& loss_mask, int64_t vocab_size) {
   MT_CHECK(loss_mask.size() == tokens.size(), "write_token_file: ", path, ": the loss mask has ", loss_mask.size(),
            " bytes for ", tokens.size(), " tokens");
-  write_tokens(path, tokens.data(), tokens.size(), vocab_size, loss_mask.data());
+  write_tokens(path, tokens.data(), tokens.size(), vocab_size, loss_mask.data(), /*example_starts=*/nullptr,
+               /*num_examples=*/0);
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const std::vector<uint8_t>& loss_mask, const std::vector<uint64_t>& example_starts,
+                      int64_t vocab_size) {
+  MT_CHECK(loss_mask.empty() || loss_mask.size() == tokens.size(), "write_token_file: ", path, ": the loss mask has ",
+           loss_mask.size(), " bytes for ", tokens.size(), " tokens");
+  MT_CHECK(!example_starts.empty(), "write_token_file: ", path, ": example starts given, but none (at least one: 0)");
+  write_tokens(path, tokens.data(), tokens.size(), vocab_size, loss_mask.empty() ? nullptr : loss_mask.data(),
+               example_starts.data(), example_starts.size());
 }
 
 TokenFile::TokenFile(const std::string& path, std::optional<int64_t> expected_vocab_size) : path_(path) {
@@ -274,9 +351,16 @@ TokenFile::TokenFile(const std::string& path, std::optional<int64_t> expected_vo
       u32_ = reinterpret_cast<const uint32_t*>(data);
       check_tokens(path, layout, u32_);
     }
+    const unsigned char* after_tokens = data + layout.count * static_cast<uint64_t>(layout.bytes_per_token);
     if (layout.has_loss_mask) {
-      mask_ = data + layout.count * static_cast<uint64_t>(layout.bytes_per_token);
+      mask_ = after_tokens;
       check_loss_mask(path, layout, mask_);
+    }
+    if (layout.has_example_starts) {
+      const unsigned char* section = after_tokens + (layout.has_loss_mask ? layout.count : 0);
+      const uint64_t section_bytes = map_bytes_ - static_cast<uint64_t>(section - bytes);
+      num_examples_ = check_example_starts(path, layout, section, section_bytes, map_bytes_);
+      starts_ = section + 8;
     }
     format_ = layout.format;
     count_ = static_cast<int64_t>(layout.count);
@@ -325,6 +409,18 @@ void TokenFile::copy_tokens(int64_t start, int64_t n, int64_t* out) const {
   }
 }
 
+int64_t TokenFile::example_start(int64_t e) const {
+  MT_CHECK(e >= 0 && e < num_examples_, "TokenFile: ", path_, ": example ", e, " is out of range [0, ", num_examples_,
+           ")");
+  return static_cast<int64_t>(get_le(starts_ + 8 * e, 8));
+}
+
+int64_t TokenFile::example_end(int64_t e) const {
+  MT_CHECK(e >= 0 && e < num_examples_, "TokenFile: ", path_, ": example ", e, " is out of range [0, ", num_examples_,
+           ")");
+  return e + 1 < num_examples_ ? static_cast<int64_t>(get_le(starts_ + 8 * (e + 1), 8)) : count_;
+}
+
 TokenFile::~TokenFile() { release(); }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept { *this = std::move(other); }
@@ -339,6 +435,8 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     u16_ = std::exchange(other.u16_, nullptr);
     u32_ = std::exchange(other.u32_, nullptr);
     mask_ = std::exchange(other.mask_, nullptr);
+    starts_ = std::exchange(other.starts_, nullptr);
+    num_examples_ = std::exchange(other.num_examples_, 0);
     count_ = std::exchange(other.count_, 0);
     vocab_size_ = std::exchange(other.vocab_size_, 0);
     bytes_per_token_ = std::exchange(other.bytes_per_token_, 0);
@@ -353,6 +451,8 @@ void TokenFile::release() noexcept {
   u16_ = nullptr;
   u32_ = nullptr;
   mask_ = nullptr;
+  starts_ = nullptr;
+  num_examples_ = 0;
   count_ = 0;
   vocab_size_ = 0;
   bytes_per_token_ = 0;

@@ -8,12 +8,18 @@
 //   [12, 16)   u32 bytes per token P: 2 (u16) when vocab_size <= 65536, else 4 (u32); no other
 //              value is valid, so every vocabulary has exactly one encoding
 //   [16, 20)   u32 vocab_size, in [1, 2^32 - 1]
-//   [20, 24)   u32 flags: bit 0 = has a loss mask; the other bits are 0
+//   [20, 24)   u32 flags: bit 0 = has a loss mask, bit 1 = has example starts; the other bits are 0
 //   [24, 32)   u64 token count N >= 1
 //   [32, 32 + P*N)                 N tokens, each < vocab_size
 //   [32 + P*N, 32 + P*N + N)       with the loss mask only: N bytes, each 0 or 1; byte i is 1
 //                                  when token i is a training target (0: a prompt token of
 //                                  fine-tuning data, seen as input but never predicted)
+//   then, with example starts only (fine-tuning data of separate examples), at the next byte
+//   (so not necessarily 8-byte aligned):
+//              u64 example count E >= 1
+//              E u64 starts: starts[0] = 0, strictly increasing, each < N. Example e is tokens
+//              [starts[e], starts[e + 1]), the last one [starts[E - 1], N). A reader that packs
+//              several examples into one row (core/data/packed_batcher.h) keeps them apart.
 //   nothing after that.
 // MTTOKENS, version 1 (older files, still read): the same header with version 1, P = 2,
 // vocab_size in [1, 65536], the flags field reserved and 0, and no loss mask.
@@ -43,9 +49,10 @@ namespace mt::data {
 constexpr char kTokenFileMagic[8] = {'M', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
 constexpr uint32_t kTokenFileVersion = 2;  // what the writer produces
 constexpr uint64_t kTokenFileHeaderBytes = 32;
-constexpr int64_t kTokenFileMaxU16Vocab = 65536;      // every id fits in a u16: 2 bytes per token
-constexpr int64_t kTokenFileMaxVocab = 4294967295;    // the largest vocab_size a u32 header field holds
-constexpr uint32_t kTokenFileFlagLossMask = 1u << 0;  // the flags bit of a file with a loss mask
+constexpr int64_t kTokenFileMaxU16Vocab = 65536;           // every id fits in a u16: 2 bytes per token
+constexpr int64_t kTokenFileMaxVocab = 4294967295;         // the largest vocab_size a u32 header field holds
+constexpr uint32_t kTokenFileFlagLossMask = 1u << 0;       // the flags bit of a file with a loss mask
+constexpr uint32_t kTokenFileFlagExampleStarts = 1u << 1;  // the flags bit of a file with example starts
 constexpr int32_t kLlmcShardMagic = 20240520;
 constexpr uint64_t kLlmcShardHeaderBytes = 256 * 4;
 constexpr int64_t kLlmcShardDefaultVocab = 65536;  // what a u16 token can hold
@@ -58,17 +65,25 @@ int bytes_per_token_for(int64_t vocab_size);
 // Writes `count` tokens (count >= 1, each < vocab_size, vocab_size in [1, 2^32 - 1]) to `path`
 // as a version 2 file, with 2 or 4 bytes per token as the vocabulary needs. `loss_mask`, when
 // given, holds `count` bytes, each 0 or 1 (1: the token is a training target).
+// `example_starts`, when given, holds `num_examples` >= 1 token offsets: 0 first, strictly
+// increasing, each < count (the first token of each fine-tuning example).
 // Atomic: on failure `path` is unchanged and no temporary file is left; throws FileError naming
 // the path (Error for invalid arguments, raised before the filesystem is touched).
 void write_token_file(const std::string& path, const uint32_t* tokens, size_t count, int64_t vocab_size,
-                      const uint8_t* loss_mask = nullptr);
+                      const uint8_t* loss_mask = nullptr, const uint64_t* example_starts = nullptr,
+                      size_t num_examples = 0);
 void write_token_file(const std::string& path, const uint16_t* tokens, size_t count, int64_t vocab_size,
-                      const uint8_t* loss_mask = nullptr);
+                      const uint8_t* loss_mask = nullptr, const uint64_t* example_starts = nullptr,
+                      size_t num_examples = 0);
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size);
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens, int64_t vocab_size);
 // With a loss mask of tokens.size() bytes.
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       const std::vector<uint8_t>& loss_mask, int64_t vocab_size);
+// With example starts, and a loss mask of tokens.size() bytes or none (an empty loss_mask).
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const std::vector<uint8_t>& loss_mask, const std::vector<uint64_t>& example_starts,
+                      int64_t vocab_size);
 
 // A validated token file of any format above, mapped read-only (MAP_PRIVATE) for as long as
 // the object lives. Movable, not copyable; a moved-from TokenFile is empty (size() == 0).
@@ -104,6 +119,13 @@ class TokenFile {
   bool has_loss_mask() const { return mask_ != nullptr; }
   const uint8_t* loss_mask() const { return mask_; }  // [size()] of 0/1, or null without a mask
 
+  // Example boundaries (fine-tuning data): num_examples() is 0 for a file without them. Example
+  // e spans tokens [example_start(e), example_end(e)); checked, e in [0, num_examples()).
+  bool has_example_starts() const { return num_examples_ > 0; }
+  int64_t num_examples() const { return num_examples_; }
+  int64_t example_start(int64_t e) const;
+  int64_t example_end(int64_t e) const;  // the next example's start, or size() for the last
+
  private:
   void map_file();
   void release() noexcept;
@@ -112,9 +134,11 @@ class TokenFile {
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   TokenFileFormat format_ = TokenFileFormat::mttokens_v2;
-  const uint16_t* u16_ = nullptr;  // into the map, when 2 bytes per token
-  const uint32_t* u32_ = nullptr;  // into the map, when 4 bytes per token
-  const uint8_t* mask_ = nullptr;  // into the map, after the tokens
+  const uint16_t* u16_ = nullptr;          // into the map, when 2 bytes per token
+  const uint32_t* u32_ = nullptr;          // into the map, when 4 bytes per token
+  const uint8_t* mask_ = nullptr;          // into the map, after the tokens
+  const unsigned char* starts_ = nullptr;  // into the map: [num_examples_] little-endian u64, unaligned
+  int64_t num_examples_ = 0;
   int64_t count_ = 0;
   int64_t vocab_size_ = 0;
   int bytes_per_token_ = 0;

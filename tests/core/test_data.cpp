@@ -429,7 +429,9 @@ TEST_F(TokenDataFile, V2RejectsUnknownFlags) {
   RawFile raw = v2_file({1, 2, 3}, 256);
   raw.reserved = 6;
   const std::string message = open_error(raw);
-  EXPECT_TRUE(contains(message, "token file flags 0x6 set unknown bits (only bit 0, has a loss mask, is defined)"))
+  EXPECT_TRUE(contains(message,
+                       "token file flags 0x6 set unknown bits (only bit 0, has a loss mask, and bit 1, has example "
+                       "starts, are defined)"))
       << message;
 }
 
@@ -585,6 +587,144 @@ TEST_F(TokenDataFile, OverwritingReplacesTheExistingFile) {
   EXPECT_EQ(std::vector<uint16_t>(old_file.u16_tokens(), old_file.u16_tokens() + 5),
             (std::vector<uint16_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"corpus.tok"});
+}
+
+// ---------------------------------------------------------------- example starts
+
+// The example starts section: the count, then the starts, each a little-endian u64.
+std::string starts_section(uint64_t count, const std::vector<uint64_t>& starts) {
+  std::string s = le(count, 8);
+  for (uint64_t start : starts) s += le(start, 8);
+  return s;
+}
+
+// A version 2 file of tokens 1..n (vocab 256) with the example-starts flag (and a mask when
+// given), followed by `section`.
+std::string v2_with_starts(int n, const std::string& section, std::string mask = {}) {
+  std::vector<uint32_t> tokens;
+  for (int i = 1; i <= n; ++i) tokens.push_back(static_cast<uint32_t>(i));
+  RawFile raw = v2_file(tokens, 256, std::move(mask));
+  raw.reserved |= mt::data::kTokenFileFlagExampleStarts;
+  return raw.bytes() + section;
+}
+
+TEST_F(TokenDataFile, ExampleStartsRoundTripAfterTheTokensAndTheMask) {
+  const std::vector<uint32_t> tokens = {5, 6, 7, 8, 9, 10, 11};
+  const std::vector<uint8_t> mask = {0, 1, 1, 0, 0, 1, 1};
+  const std::vector<uint64_t> starts = {0, 3, 5};
+  mt::data::write_token_file(path_, tokens, mask, starts, /*vocab_size=*/256);
+  RawFile expected = v2_file(tokens, 256, std::string("\0\1\1\0\0\1\1", 7));
+  expected.reserved = 3;                                                       // loss mask and example starts
+  EXPECT_EQ(read_bytes(path_), expected.bytes() + starts_section(3, starts));  // 32 + 14 + 7: an unaligned section
+  const TokenFile file(path_);
+  ASSERT_TRUE(file.has_example_starts());
+  EXPECT_EQ(file.num_examples(), 3);
+  EXPECT_EQ(file.example_start(0), 0);
+  EXPECT_EQ(file.example_start(1), 3);
+  EXPECT_EQ(file.example_start(2), 5);
+  EXPECT_EQ(file.example_end(0), 3);
+  EXPECT_EQ(file.example_end(2), 7);
+  EXPECT_EQ(std::vector<uint8_t>(file.loss_mask(), file.loss_mask() + 7), mask);
+  const std::string outside = error_message_of([&] { (void)file.example_start(3); });
+  EXPECT_TRUE(contains(outside, path_ + ": example 3 is out of range [0, 3)")) << outside;
+
+  // Without a mask, through the pointer overload with u32 tokens; one example covering all.
+  const std::vector<uint32_t> wide = {70000, 1};
+  const uint64_t one[] = {0};
+  mt::data::write_token_file(path_, wide.data(), wide.size(), 70001, /*loss_mask=*/nullptr, one, 1);
+  RawFile plain = v2_file(wide, 70001);
+  plain.reserved = 2;
+  EXPECT_EQ(read_bytes(path_), plain.bytes() + starts_section(1, {0}));
+  const TokenFile single(path_);
+  EXPECT_FALSE(single.has_loss_mask());
+  EXPECT_EQ(single.num_examples(), 1);
+  EXPECT_EQ(single.example_end(0), 2);
+
+  // A file written without them has none.
+  mt::data::write_token_file(path_, tokens, mask, 256);
+  const TokenFile none(path_);
+  EXPECT_FALSE(none.has_example_starts());
+  EXPECT_EQ(none.num_examples(), 0);
+  EXPECT_TRUE(contains(error_message_of([&] { (void)none.example_start(0); }), "example 0 is out of range [0, 0)"));
+}
+
+TEST_F(TokenDataFile, MoveCarriesTheExampleStarts) {
+  mt::data::write_token_file(path_, std::vector<uint32_t>{1, 2, 3}, {}, std::vector<uint64_t>{0, 2}, 10);
+  TokenFile a(path_);
+  const TokenFile b(std::move(a));
+  EXPECT_EQ(b.num_examples(), 2);
+  EXPECT_EQ(b.example_start(1), 2);
+  EXPECT_EQ(a.num_examples(), 0);  // NOLINT(bugprone-use-after-move): the moved-from state is part of the contract
+}
+
+TEST_F(TokenDataFile, RejectsAFirstExampleStartOtherThanZero) {
+  const std::string message = open_error(v2_with_starts(5, starts_section(2, {1, 3})));
+  EXPECT_TRUE(contains(message, "example start 0 (= 1) is not 0: the first example starts at token 0")) << message;
+}
+
+TEST_F(TokenDataFile, RejectsExampleStartsThatDoNotIncrease) {
+  const std::string equal = open_error(v2_with_starts(20, starts_section(4, {0, 5, 17, 17})));
+  EXPECT_TRUE(contains(equal, "example start 3 (= 17) is not greater than the one before (= 17)")) << equal;
+  const std::string down = open_error(v2_with_starts(20, starts_section(3, {0, 9, 4})));
+  EXPECT_TRUE(contains(down, "example start 2 (= 4) is not greater than the one before (= 9)")) << down;
+}
+
+TEST_F(TokenDataFile, RejectsAnExampleStartNotBelowTheTokenCount) {
+  const std::string at = open_error(v2_with_starts(5, starts_section(2, {0, 5})));
+  EXPECT_TRUE(contains(at, "example start 1 (= 5) is not below the token count 5")) << at;
+  const std::string masked = open_error(v2_with_starts(3, starts_section(2, {0, 9}), std::string("\1\1\1", 3)));
+  EXPECT_TRUE(contains(masked, "example start 1 (= 9) is not below the token count 3")) << masked;
+}
+
+TEST_F(TokenDataFile, RejectsAnExampleCountOfZero) {
+  const std::string message = open_error(v2_with_starts(5, starts_section(0, {})));
+  EXPECT_TRUE(contains(message, "token file example count is 0 (a file with example starts holds at least one)"))
+      << message;
+}
+
+TEST_F(TokenDataFile, RejectsExampleStartsCutShortOrFollowedByBytes) {
+  // 32 + 5 * 2 = 42 bytes of header and tokens, then 8 for the count and 8 per start.
+  const std::string missing = open_error(v2_with_starts(5, ""));
+  EXPECT_TRUE(contains(missing,
+                       "the header's count of 5 tokens and example starts needs more than 42 bytes but the file has "
+                       "42 bytes (truncated)"))
+      << missing;
+  const std::string half_count = open_error(v2_with_starts(5, le(1, 4)));
+  EXPECT_TRUE(contains(half_count, "but the file has 46 bytes (truncated)")) << half_count;
+  const std::string cut = open_error(v2_with_starts(5, starts_section(3, {0, 2})));
+  EXPECT_TRUE(contains(cut, "token file example count of 3 needs 74 bytes but the file has 66 bytes (truncated)"))
+      << cut;
+  const std::string part = open_error(v2_with_starts(5, starts_section(2, {0, 2}).substr(0, 20)));
+  EXPECT_TRUE(contains(part, "example count of 2 needs 66 bytes but the file has 62 bytes (truncated)")) << part;
+  const std::string huge = open_error(v2_with_starts(5, starts_section(uint64_t{1} << 62, {0})));
+  EXPECT_TRUE(contains(huge, "needs more than 2^64 bytes but the file has 58 bytes (truncated)")) << huge;
+  const std::string trailing = open_error(v2_with_starts(5, starts_section(2, {0, 2}) + "x"));
+  EXPECT_TRUE(contains(trailing, "example count of 2 needs 66 bytes but the file has 67 bytes (trailing bytes)"))
+      << trailing;
+  const std::string extra = open_error(v2_with_starts(5, starts_section(1, {0, 2})));
+  EXPECT_TRUE(contains(extra, "example count of 1 needs 58 bytes but the file has 66 bytes (trailing bytes)")) << extra;
+  // Starts present, flag clear: trailing bytes after the tokens.
+  const std::string flagless = open_error(v2_file({1, 2, 3}, 256).bytes() + starts_section(1, {0}));
+  EXPECT_TRUE(contains(flagless, "count of 3 tokens needs 38 bytes but the file has 54 bytes (trailing bytes)"))
+      << flagless;
+}
+
+TEST_F(TokenDataFile, WriterValidatesExampleStartsBeforeTouchingTheFilesystem) {
+  const std::vector<uint32_t> tokens = {1, 2, 3, 4};
+  const auto write_error = [&](const std::vector<uint64_t>& starts) {
+    return error_message_of([&] { mt::data::write_token_file(path_, tokens, {}, starts, 10); });
+  };
+  EXPECT_TRUE(contains(write_error({}), path_ + ": example starts given, but none")) << write_error({});
+  EXPECT_TRUE(contains(write_error({2}), path_ + ": example start 0 (= 2) is not 0")) << write_error({2});
+  EXPECT_TRUE(contains(write_error({0, 2, 2}), "example start 2 (= 2) is not greater than the one before (= 2)"));
+  EXPECT_TRUE(contains(write_error({0, 4}), "example start 1 (= 4) is not below the token count 4"));
+  const std::string no_pointer = error_message_of(
+      [&] { mt::data::write_token_file(path_, tokens.data(), tokens.size(), 10, nullptr, nullptr, 2); });
+  EXPECT_TRUE(contains(no_pointer, "2 example starts, but no pointer to them")) << no_pointer;
+  const std::string short_mask = error_message_of(
+      [&] { mt::data::write_token_file(path_, tokens, std::vector<uint8_t>{1}, std::vector<uint64_t>{0}, 10); });
+  EXPECT_TRUE(contains(short_mask, "the loss mask has 1 bytes for 4 tokens")) << short_mask;
+  EXPECT_TRUE(dir_entries(dir_).empty());
 }
 
 // ---------------------------------------------------------------- batcher

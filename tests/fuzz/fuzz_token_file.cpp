@@ -1,5 +1,5 @@
 // libFuzzer target: the token-file reader (MTTOKENS versions 1 and 2 with or without a loss
-// mask, llm.c's .bin shards) on arbitrary bytes. A FileError (any mt::Error) is the expected
+// mask and example starts, llm.c's .bin shards) on arbitrary bytes. A FileError (any mt::Error) is the expected
 // answer to a bad file; anything else is a bug in the reader, and so is an accepted file that
 // breaks a promise of core/data/token_file.h.
 #include <cstddef>
@@ -15,7 +15,7 @@
 namespace {
 
 // Checks what an opened file promises: its width, every token below vocab_size (read through
-// every accessor), and mask bytes of 0 or 1.
+// every accessor), mask bytes of 0 or 1, and example starts from 0, increasing, below size().
 void check_accepted(const mt::data::TokenFile& file) {
   const int width = file.bytes_per_token();
   if (width != 2 && width != 4) mt::fuzz::fail("bytes_per_token is neither 2 nor 4");
@@ -35,6 +35,19 @@ void check_accepted(const mt::data::TokenFile& file) {
   for (int64_t i = 0; file.has_loss_mask() && i < file.size(); ++i) {
     if (file.loss_mask()[i] > 1) mt::fuzz::fail("a loss mask byte other than 0 or 1 was accepted");
   }
+  if (file.num_examples() < 0 || file.has_example_starts() != (file.num_examples() > 0)) {
+    mt::fuzz::fail("num_examples disagrees with has_example_starts");
+  }
+  if (file.has_example_starts() && file.format() != mt::data::TokenFileFormat::mttokens_v2) {
+    mt::fuzz::fail("example starts were read from a file other than MTTOKENS version 2");
+  }
+  int64_t covered = 0;  // the examples must tile [0, size()) without gaps or overlaps
+  for (int64_t e = 0; e < file.num_examples(); ++e) {
+    if (file.example_start(e) != covered) mt::fuzz::fail("an example does not start where the one before ends");
+    if (file.example_end(e) <= file.example_start(e)) mt::fuzz::fail("an empty or reversed example was accepted");
+    covered = file.example_end(e);
+  }
+  if (file.has_example_starts() && covered != file.size()) mt::fuzz::fail("the examples do not end at size()");
 }
 
 }  // namespace

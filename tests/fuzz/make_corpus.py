@@ -3,8 +3,8 @@
 
 Each seed is a small valid file, so the fuzzer starts from inputs that pass the readers'
 checks and mutates its way into the corners. Run it again after a format change; the
-layouts follow core/safetensors.h, core/data/token_file.h (MTTOKENS versions 1 and 2, llm.c
-shards) and PEFT's adapter_config.json.
+layouts follow core/safetensors.h, core/data/token_file.h (MTTOKENS versions 1 and 2 with
+their loss mask and example starts, llm.c shards) and PEFT's adapter_config.json.
 """
 import json
 import pathlib
@@ -32,12 +32,15 @@ def token_file(tokens, vocab_size):
     return header + struct.pack(f"<{len(tokens)}H", *tokens)
 
 
-def token_file_v2(tokens, vocab_size, loss_mask=None):
-    """Version 2: u16 tokens up to a vocabulary of 65536, else u32; flags bit 0 and the mask after the tokens."""
+def token_file_v2(tokens, vocab_size, loss_mask=None, example_starts=None):
+    """Version 2: u16 tokens up to a vocabulary of 65536, else u32; flags bit 0 and the mask after the tokens,
+    flags bit 1 and the example starts (a u64 count, then u64 offsets) after those."""
     width, code = (2, "H") if vocab_size <= 65536 else (4, "I")
-    flags = 1 if loss_mask is not None else 0
+    flags = (1 if loss_mask is not None else 0) | (2 if example_starts is not None else 0)
     header = b"MTTOKENS" + struct.pack("<IIIIQ", 2, width, vocab_size, flags, len(tokens))
-    return header + struct.pack(f"<{len(tokens)}{code}", *tokens) + bytes(loss_mask or [])
+    starts = b"" if example_starts is None else struct.pack(f"<{len(example_starts) + 1}Q", len(example_starts),
+                                                              *example_starts)
+    return header + struct.pack(f"<{len(tokens)}{code}", *tokens) + bytes(loss_mask or []) + starts
 
 
 def llmc_shard(tokens):
@@ -97,6 +100,10 @@ SEEDS = {
         "v2_u16_masked.tokens": token_file_v2(list(b"Q: 2+2? A: 4"), 256, loss_mask=[0] * 8 + [1] * 4),
         "v2_u32.tokens": token_file_v2([0, 65535, 65536, 199999, 123456], 200000),
         "v2_u32_masked.tokens": token_file_v2([70000, 1, 2, 69999], 70001, loss_mask=[0, 1, 1, 0]),
+        "v2_u16_examples.tokens": token_file_v2(list(b"Q: 1? A: 2Q: 3? A: 4"), 256,
+                                                loss_mask=[0] * 7 + [1] * 3 + [0] * 7 + [1] * 3,
+                                                example_starts=[0, 10]),
+        "v2_u32_examples.tokens": token_file_v2([70000, 1, 2, 69999, 5], 70001, example_starts=[0, 1, 3]),
         "llmc_shard.bin": llmc_shard([50256, 15496, 11, 995, 0, 65535]),
     },
     "adapter_config": {
