@@ -1,41 +1,12 @@
 #include "core/data/token_dataset.h"
 
 #include <algorithm>
-#include <numeric>
-#include <utility>
 
+#include "core/data/epoch_order.h"
 #include "core/error.h"
-#include "core/random.h"
 
 namespace mt::data {
 namespace {
-
-// 64-bit draws from Philox: key `seed`, subsequence `epoch`, counters 0, 1, 2, ...; each
-// counter yields two draws. Pure integer arithmetic, so every machine sees the same stream.
-class EpochStream {
- public:
-  EpochStream(uint64_t seed, uint64_t epoch) : seed_(seed), epoch_(epoch) {}
-  uint64_t next() {
-    if (lane_ == 0) words_ = philox::generate(seed_, counter_++, epoch_);
-    const uint64_t value = (static_cast<uint64_t>(words_.w[2 * lane_ + 1]) << 32) | words_.w[2 * lane_];
-    lane_ ^= 1;
-    return value;
-  }
-  // Uniform in [0, bound), bound >= 1, without modulo bias: draws below 2^64 mod bound are
-  // rejected, leaving a range that is a whole multiple of bound.
-  uint64_t below(uint64_t bound) {
-    const uint64_t reject_below = (0 - bound) % bound;  // == 2^64 mod bound
-    uint64_t x = next();
-    while (x < reject_below) x = next();
-    return x % bound;
-  }
-
- private:
-  uint64_t seed_, epoch_;
-  uint64_t counter_ = 0;
-  int lane_ = 0;
-  philox::Words words_{};
-};
 
 void check_options(const std::string& name, const BatcherOptions& options) {
   const int64_t B = options.batch_size(), T = options.seq_len(), W = options.world_size();
@@ -102,14 +73,7 @@ WindowRef TokenBatcher::window(int64_t index) const {
 
 std::vector<int64_t> TokenBatcher::epoch_order(int64_t epoch) const {
   MT_CHECK(epoch >= 0, "TokenBatcher::epoch_order: epoch must be non-negative, got ", epoch);
-  std::vector<int64_t> order(static_cast<size_t>(num_windows_));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  if (!options_.shuffle()) return order;
-  EpochStream stream(options_.seed(), static_cast<uint64_t>(epoch));
-  for (size_t i = order.size() - 1; i > 0; --i) {
-    std::swap(order[i], order[stream.below(i + 1)]);  // Fisher-Yates: j uniform in [0, i]
-  }
-  return order;
+  return internal::epoch_permutation(num_windows_, options_.seed(), epoch, options_.shuffle());
 }
 
 const std::vector<int64_t>& TokenBatcher::order_for(int64_t epoch) {

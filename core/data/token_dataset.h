@@ -14,7 +14,7 @@
 // their ids: the model reads a prompt, it is only not trained to predict it.
 //
 // Order: each epoch visits every window once, in an order fixed by (seed, epoch) alone: one
-// Fisher-Yates shuffle over the windows of all shards together, written here, drawing from
+// Fisher-Yates shuffle over the windows of all shards together (core/data/epoch_order.h), drawing from
 // Philox (core/random.h) with rejection sampling, so it is the same on every machine and
 // standard library. One permutation over all (shard, window) pairs rather than shards first
 // and windows within: consecutive batches then mix every shard even when the shards are
