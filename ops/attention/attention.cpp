@@ -63,21 +63,22 @@ void warn_reference_once(const std::string& reason) {
 
 // cuDNN's flash attention, forward and backward (ops/attention/attention_cudnn.h). The
 // backward saves q, k, v, the output and the row statistics: O(T) memory, not O(T^2).
-Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p, double scale) {
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p, double scale,
+                       const Tensor& bias) {
   ops::CudnnSdpaProblem problem{causal, dropout_p, scale, 0, 0};
   if (dropout_p > 0.0) {
     Generator& generator = default_generator(q.device());
     problem.seed = generator.seed();
     problem.offset = generator.advance(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)));
   }
-  ops::CudnnSdpaForward forward = ops::cudnn_sdpa_forward(q, k, v, problem);
+  ops::CudnnSdpaForward forward = ops::cudnn_sdpa_forward(q, k, v, problem, bias);
   if (autograd::needs_grad({q, k, v})) {
     auto node = std::make_shared<autograd::LambdaNode>(
         "ScaledDotProductAttentionBackward(cuDNN)",
-        [problem](const std::vector<Tensor>& grads, const autograd::LambdaNode& self) {
+        [problem, bias](const std::vector<Tensor>& grads, const autograd::LambdaNode& self) {
           const auto g =
               ops::cudnn_sdpa_backward(self.saved_tensor("q"), self.saved_tensor("k"), self.saved_tensor("v"),
-                                       self.saved_tensor("out"), grads[0], self.saved_tensor("stats"), problem);
+                                       self.saved_tensor("out"), grads[0], self.saved_tensor("stats"), problem, bias);
           return std::vector<Tensor>{g[0], g[1], g[2]};
         });
     node->save("q", q);
@@ -92,8 +93,9 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 
 // The composite: matmul, mask, softmax, dropout, matmul. q, k and v have as many heads.
 Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                           double scale) {
+                           double scale, const Tensor& bias) {
   Tensor scores = mul(matmul(q, k.transpose(2, 3)), scale);  // [B, H, Tq, Tk]
+  if (bias.defined()) scores = add(scores, bias);
   if (causal) {
     scores =
         masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -std::numeric_limits<double>::infinity());
@@ -111,10 +113,23 @@ Tensor repeat_heads(const Tensor& x, int64_t group) {
   return reshape(expand(reshape(x, {b, h, 1, t, d}), {b, h, group, t, d}), {b, h * group, t, d});
 }
 
+void check_mask(const Tensor& q, const Tensor& k, const Tensor& attn_mask) {
+  ops::check_same_device(kOp, q, attn_mask);
+  MT_CHECK_T(DTypeError, attn_mask.dtype() == DType::boolean || is_floating(attn_mask.dtype()), kOp,
+             ": attn_mask must be bool (true: may attend) or floating (added to the scores), got ",
+             ops::describe(attn_mask));
+  MT_CHECK_T(ShapeError,
+             attn_mask.dim() == 4 && (attn_mask.size(0) == q.size(0) || attn_mask.size(0) == 1) &&
+                 attn_mask.size(1) == 1 && attn_mask.size(2) == q.size(2) && attn_mask.size(3) == k.size(2),
+             kOp, ": attn_mask must be [B or 1, 1, Tq, Tk] = [", q.size(0), " or 1, 1, ", q.size(2), ", ", k.size(2),
+             "], got ", ops::describe(attn_mask));
+  MT_CHECK(!attn_mask.requires_grad(), kOp, ": attn_mask takes no gradient; detach it");
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
-                                    double dropout_p, std::optional<double> scale) {
+                                    double dropout_p, std::optional<double> scale, const Tensor& attn_mask) {
   const std::vector<Tensor> in = autocast::cast_inputs(kOp, {q_in, k_in, v_in});
   const Tensor& q = in[0];
   const Tensor& k = in[1];
@@ -137,13 +152,15 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   MT_CHECK_T(ShapeError, scale.has_value() || q.size(3) > 0, kOp, ": the default scale 1/sqrt(D) needs D > 0, got q ",
              ops::describe(q));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  if (attn_mask.defined()) check_mask(q, k, attn_mask);
+  const Tensor bias = attn_mask.defined() ? attention_bias(attn_mask, q.dtype()) : Tensor();
 
   // One query row per head (a cached generation step) has nothing to fuse: its scores are
   // [B, H, 1, Tk], and a fused graph would be built anew for every cache length.
   const bool single_query = q.size(2) == 1 && dropout_p == 0.0;
   if (q.is_cuda() && !single_query) {
     const std::string unsupported = ops::cudnn_sdpa_unsupported(q, k, v);
-    if (unsupported.empty()) return fused_attention(q, k, v, causal, dropout_p, s);
+    if (unsupported.empty()) return fused_attention(q, k, v, causal, dropout_p, s, bias);
     warn_reference_once(unsupported);
   }
 
@@ -152,15 +169,25 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   // (under autocast's own policy it would be f32, twice the memory, then cast back for attn v).
   AutocastGuard keep_dtype(q.device().type, /*enabled=*/false);
   const int64_t group = q.size(1) / k.size(1);  // query heads per key/value head
-  if (group > 1 && !causal && dropout_p == 0.0) {
+  if (group > 1 && !causal && dropout_p == 0.0 && !bias.defined()) {
     // Without a mask, a key/value head's query heads are one taller block of rows:
     // [B, Hkv, group * Tq, D] against k [B, Hkv, Tk, D], nothing repeated.
     const int64_t b = q.size(0), tq = q.size(2);
     const Tensor rows = reshape(q, {b, k.size(1), group * tq, q.size(3)});
-    const Tensor out = reference_attention(rows, k, v, false, 0.0, s);
+    const Tensor out = reference_attention(rows, k, v, false, 0.0, s, Tensor());
     return reshape(out, {b, q.size(1), tq, v.size(3)});
   }
-  return reference_attention(q, repeat_heads(k, group), repeat_heads(v, group), causal, dropout_p, s);
+  return reference_attention(q, repeat_heads(k, group), repeat_heads(v, group), causal, dropout_p, s, bias);
+}
+
+// [B or 1, 1, Tq, Tk], contiguous: cuDNN reads the bias so.
+Tensor attention_bias(const Tensor& attn_mask, DType dtype) {
+  if (attn_mask.dtype() == DType::boolean) {
+    return masked_fill(full(attn_mask.shape(), -std::numeric_limits<double>::infinity(),
+                            TensorOptions().dtype(dtype).device(attn_mask.device())),
+                       attn_mask, 0.0);
+  }
+  return ops::as_dtype(attn_mask, dtype).contiguous();
 }
 
 }  // namespace mt

@@ -26,7 +26,7 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // Fixed ids naming each operand in a graph's variant pack.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kGradO, kGradQ, kGradK, kGradV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kGradO, kGradQ, kGradK, kGradV, kBias };
 
 void check_fe(fe::error_t status, const char* what) {
   if (status.is_bad()) {
@@ -96,11 +96,13 @@ BuiltGraph& cached_graph(const std::string& key, int device,
   return built;
 }
 
-std::string problem_key(const char* direction, const std::vector<Tensor>& operands, const CudnnSdpaProblem& p) {
+std::string problem_key(const char* direction, const std::vector<Tensor>& operands, const CudnnSdpaProblem& p,
+                        const Tensor& bias) {
   std::ostringstream key;
   key << direction << " dev" << operands[0].device().index << " " << dtype_name(operands[0].dtype()) << " causal"
       << p.causal << " p" << p.dropout_p << " s" << p.scale;
   for (const Tensor& t : operands) key << " " << shape_str(t.shape()) << shape_str(t.strides());
+  if (bias.defined()) key << " bias" << shape_str(bias.shape()) << shape_str(bias.strides());
   return key.str();
 }
 
@@ -135,14 +137,15 @@ std::string cudnn_sdpa_unsupported(const Tensor& q, const Tensor& k, const Tenso
   return "";
 }
 
-CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, const CudnnSdpaProblem& p) {
+CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, const CudnnSdpaProblem& p,
+                                    const Tensor& bias) {
   const int device = q.device().index;
   cuda::DeviceGuard on_device(device);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2);
   CudnnSdpaForward result{empty_heads_like(q),
                           empty({B, H, Tq, 1}, TensorOptions().dtype(DType::f32).device(q.device()))};
   const bool dropout = p.dropout_p > 0.0;
-  BuiltGraph& built = cached_graph(problem_key("fwd", {q, k, v, result.out}, p), device, [&] {
+  BuiltGraph& built = cached_graph(problem_key("fwd", {q, k, v, result.out}, p, bias), device, [&] {
     auto g = std::make_shared<fe::graph::Graph>();
     set_common(*g, q.dtype());
     auto options = fe::graph::SDPA_attributes()
@@ -150,6 +153,7 @@ CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tens
                        .set_generate_stats(true)
                        .set_attn_scale(static_cast<float>(p.scale))
                        .set_causal_mask(p.causal);
+    if (bias.defined()) options.set_bias(graph_tensor(*g, "bias", kBias, bias));
     if (dropout) {
       options.set_dropout(static_cast<float>(p.dropout_p), scalar_by_value(*g, "seed", kSeed),
                           scalar_by_value(*g, "offset", kOffset));
@@ -171,12 +175,14 @@ CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tens
                                              {kO, result.out.data_ptr()},
                                              {kStats, result.stats.data_ptr()}};
   if (dropout) pack[kSeed] = &seed, pack[kOffset] = &offset;
+  if (bias.defined()) pack[kBias] = bias.data_ptr();
   execute(built, device, pack);
   return result;
 }
 
 std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                          const Tensor& grad_out_in, const Tensor& stats, const CudnnSdpaProblem& p) {
+                                          const Tensor& grad_out_in, const Tensor& stats, const CudnnSdpaProblem& p,
+                                          const Tensor& bias) {
   const int device = q.device().index;
   cuda::DeviceGuard on_device(device);
   // dO in the output's layout (it usually arrives so, from the heads' merge).
@@ -196,7 +202,7 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
   const bool dropout = p.dropout_p > 0.0;
   BuiltGraph& built =
       cached_graph(problem_key(backends::deterministic_algorithms() ? "bwd deterministic" : "bwd",
-                               {q, k, v, out, grad_out, grads[0], grads[1], grads[2]}, p),
+                               {q, k, v, out, grad_out, grads[0], grads[1], grads[2]}, p, bias),
                    device, [&] {
                      auto g = std::make_shared<fe::graph::Graph>();
                      set_common(*g, q.dtype());
@@ -205,6 +211,7 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
                                         .set_attn_scale(static_cast<float>(p.scale))
                                         .set_causal_mask(p.causal)
                                         .set_deterministic_algorithm(backends::deterministic_algorithms());
+                     if (bias.defined()) options.set_bias(graph_tensor(*g, "bias", kBias, bias));
                      if (dropout) {
                        options.set_dropout(static_cast<float>(p.dropout_p), scalar_by_value(*g, "seed", kSeed),
                                            scalar_by_value(*g, "offset", kOffset));
@@ -234,6 +241,7 @@ std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, cons
                                              {kGradK, grads[1].data_ptr()},
                                              {kGradV, grads[2].data_ptr()}};
   if (dropout) pack[kSeed] = &seed, pack[kOffset] = &offset;
+  if (bias.defined()) pack[kBias] = bias.data_ptr();
   execute(built, device, pack);
   return grads;
 }
@@ -252,13 +260,14 @@ std::string cudnn_sdpa_unsupported(const Tensor&, const Tensor&, const Tensor&) 
 #endif
 }
 
-CudnnSdpaForward cudnn_sdpa_forward(const Tensor&, const Tensor&, const Tensor&, const CudnnSdpaProblem&) {
+CudnnSdpaForward cudnn_sdpa_forward(const Tensor&, const Tensor&, const Tensor&, const CudnnSdpaProblem&,
+                                    const Tensor&) {
   MT_INTERNAL_ASSERT(false, "cudnn_sdpa_forward called without cuDNN fused attention built in");
   return {};
 }
 
 std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                          const Tensor&, const CudnnSdpaProblem&) {
+                                          const Tensor&, const CudnnSdpaProblem&, const Tensor&) {
   MT_INTERNAL_ASSERT(false, "cudnn_sdpa_backward called without cuDNN fused attention built in");
   return {};
 }

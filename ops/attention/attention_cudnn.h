@@ -8,6 +8,8 @@
 //   out   // [B, H, Tq, D]    contiguous when q is; else stored as [B, Tq, H, D], so merging
 //         //                  the heads back is free (the gradients take q's, k's and v's layouts so)
 //   stats // [B, H, Tq, 1]    f32 log-sum-exp of each row, for the backward
+//   bias  // [B or 1, 1, Tq, Tk] contiguous, q's dtype, optional: added to the scaled scores
+//         //                  (an attention mask: -inf where a query may not attend)
 // Dropout draws from cuDNN's Philox with the caller's (seed, offset): the same pair in the
 // backward (and in a checkpoint's recomputation) gives the same mask.
 #pragma once
@@ -35,10 +37,12 @@ struct CudnnSdpaForward {
   Tensor out;    // [B, H, Tq, D]
   Tensor stats;  // [B, H, Tq, 1] f32
 };
-CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, const CudnnSdpaProblem& p);
+CudnnSdpaForward cudnn_sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, const CudnnSdpaProblem& p,
+                                    const Tensor& bias = Tensor());
 
 // {dq, dk, dv}
 std::array<Tensor, 3> cudnn_sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                          const Tensor& grad_out, const Tensor& stats, const CudnnSdpaProblem& p);
+                                          const Tensor& grad_out, const Tensor& stats, const CudnnSdpaProblem& p,
+                                          const Tensor& bias = Tensor());
 
 }  // namespace mt::ops

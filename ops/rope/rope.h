@@ -12,6 +12,10 @@
 // positions follow the cache). y has x's dtype and layout ([B, T, H, D] storage when x is a
 // projection's heads), and is computed in f32 (f64 for f64 inputs) and rounded once.
 // Backward: the rotation by -angle, nothing saved.
+//
+// Packed sequences (several examples in one row) give each row its own positions instead:
+//   positions // [B, T] i64 on x's device, each >= 0: angle[b, t, i] = f32(positions[b, t]) * inv_freq[i]
+// (values are not checked on the device; the packing that makes them does).
 #pragma once
 
 #include <cstdint>
@@ -21,5 +25,6 @@
 namespace mt {
 
 Tensor rope(const Tensor& x, const Tensor& inv_freq, int64_t start = 0);
+Tensor rope(const Tensor& x, const Tensor& inv_freq, const Tensor& positions);
 
 }  // namespace mt

@@ -21,8 +21,9 @@ void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& inv_freq, const
         const int64_t t = row % T, h = (row / T) % H, b = row / (T * H);
         const Tv* xr = x + b * in.stride(0) + h * in.stride(1) + t * in.stride(2);
         Tv* yr = y + b * out.stride(0) + h * out.stride(1) + t * out.stride(2);
+        const int64_t position = rotation.positions ? rotation.positions[b * T + t] : rotation.start + t;
         for (int64_t i = 0; i < half; ++i) {
-          const float angle = static_cast<float>(rotation.start + t) * freq[i];
+          const float angle = static_cast<float>(position) * freq[i];
           const A c = std::cos(static_cast<A>(angle)),
                   s = static_cast<A>(rotation.sign) * std::sin(static_cast<A>(angle));
           const A x1 = convert<A>(xr[i]), x2 = convert<A>(xr[i + half]);

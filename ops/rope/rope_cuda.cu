@@ -25,13 +25,14 @@ __device__ inline void sin_cos(float angle, double* s, double* c) { sincos(stati
 
 template <typename T>
 __global__ void rope_kernel(T* out, const T* in, const float* inv_freq, Strides4 so, Strides4 si, int64_t B, int64_t H,
-                            int64_t T_, int64_t half, int64_t start, int sign) {
+                            int64_t T_, int64_t half, int64_t start, const int64_t* positions, int sign) {
   using A = acc_t<T>;
   const int64_t n = B * T_ * H * half;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, h = (k / half) % H, t = (k / (half * H)) % T_, b = k / (half * H * T_);
-    const float angle = static_cast<float>(start + t) * inv_freq[i];
+    const int64_t position = positions != nullptr ? positions[b * T_ + t] : start + t;
+    const float angle = static_cast<float>(position) * inv_freq[i];
     A s, c;
     sin_cos(angle, &s, &c);
     s *= static_cast<A>(sign);
@@ -57,7 +58,8 @@ void rope_cuda(const Tensor& out, const Tensor& in, const Tensor& inv_freq, cons
     using Tv = typename decltype(tag)::type;
     rope_kernel<Tv><<<cuda::grid_for(n), cuda::kBlockSize, 0, stream.handle()>>>(
         static_cast<Tv*>(out.data_ptr()), static_cast<const Tv*>(in.data_ptr()),
-        static_cast<const float*>(inv_freq.data_ptr()), so, si, B, H, T, half, rotation.start, rotation.sign);
+        static_cast<const float*>(inv_freq.data_ptr()), so, si, B, H, T, half, rotation.start, rotation.positions,
+        rotation.sign);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

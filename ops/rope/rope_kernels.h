@@ -11,6 +11,8 @@ namespace mt::ops {
 struct RopeRotation {
   int64_t start = 0;  // position of row t = 0
   int sign = 1;       // +1: rotate by angle; -1: by -angle (the backward)
+  // [B, T] contiguous, on in's device: row (b, t)'s position, instead of start + t (packed sequences)
+  const int64_t* positions = nullptr;
 };
 
 void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& inv_freq, const RopeRotation& rotation);

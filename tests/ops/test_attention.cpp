@@ -7,6 +7,7 @@
 #include "ops/attention/attention.h"
 #include "ops/ops.h"
 #include "tests/ops/op_contract.h"
+#include "tests/ops/ops_test_util.h"
 #include "tests/test_util.h"
 
 namespace mt::testing {
@@ -49,6 +50,31 @@ MT_OP_CASE(OpCase("sdpa_gqa", "sdpa_gqa_causal")
 MT_OP_CASE(OpCase("sdpa_gqa", "sdpa_gqa_one_query")
                .inputs({{2, 4, 1, 8}, {2, 2, 7, 8}, {2, 2, 7, 8}})
                .compute([](const In& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }));
+
+// Packed rows: two rows of three and two sequences (ids 0..2 and 7, 9), causal grouped-query
+// attention under their document mask; cuDNN runs it with the mask as an additive bias.
+Tensor two_packed_rows(Device device) {
+  return from_vector({0, 0, 0, 1, 1, 2, 2, 7, 7, 7, 7, 7, 9, 9}, {2, 7},
+                     TensorOptions().dtype(DType::i64).device(device));
+}
+MT_OP_CASE(OpCase("sdpa_masked", "sdpa_document_mask_gqa_causal")
+               .inputs({{2, 6, 7, 8}, {2, 2, 7, 8}, {2, 2, 7, 8}})
+               .compute([](const In& x) {
+                 return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/true, 0.0, std::nullopt,
+                                                     document_mask(two_packed_rows(x[0].device())));
+               })
+               .cuda_nonfinite_may_differ("cuDNN's fused causal kernels compute masked-out entries and rows of an "
+                                          "infinite query otherwise than the exact order"));
+// A floating mask is added to the scores (one mask for every batch row), without causality.
+MT_OP_CASE(OpCase("sdpa_masked", "sdpa_float_mask")
+               .inputs({{2, 2, 3, 8}, {2, 2, 4, 8}, {2, 2, 4, 8}})
+               .compute([](const In& x) {
+                 const Tensor bias =
+                     from_vector({0.5, -1.0, 0.0, 2.0, -0.25, 0.0, 1.5, -2.0, 0.0, 0.75, -0.5, 1.0}, {1, 1, 3, 4},
+                                 TensorOptions().dtype(x[0].dtype()).device(x[0].device()));
+                 return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/false, 0.0, std::nullopt, bias);
+               })
+               .cuda_inf_may_stand_for_nan(kFusedInfForNan));
 
 // out[b, h, i, :] = sum_j softmax_j(scale q_i . k_j, masked j > i when causal) v_j, all in f64.
 std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
@@ -190,6 +216,65 @@ TEST(Attention, ErrorsNameShapesAndDtypes) {
   EXPECT_THROW(scaled_dot_product_attention(ones({1, 1, 2, 2}), ones({1, 1, 2, 2}, DType::f64), ones({1, 1, 2, 2})),
                DTypeError);
   EXPECT_THROW(scaled_dot_product_attention(ones({1, 1, 2, 2}), ones({1, 1, 2, 2}), ones({1, 1, 3, 2})), ShapeError);
+}
+
+TEST(Attention, DocumentMaskIsTrueWithinOneSegment) {
+  const Tensor mask = document_mask(from_vector({4, 4, 5, 4}, {1, 4}, DType::i32));
+  EXPECT_EQ(mask.shape(), (Shape{1, 1, 4, 4}));
+  EXPECT_EQ(mask.to_vector<double>(), (std::vector<double>{1, 1, 0, 1, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 1}));
+  expect_contains(error_of([] { document_mask(ones({2, 3})); }), {"document_mask", "i64 or i32"});
+  expect_contains(error_of([] { document_mask(ones({6}, DType::i64)); }), {"document_mask", "[B, T]"});
+}
+
+// Each sequence of a packed row is attended as if it were alone in its own row: outputs and the
+// gradients of q, k and v equal those of the sequences run one by one (f64, to rounding).
+void expect_packed_equals_separate(Device device, DType dtype, double tol) {
+  Generator gen(31);
+  const int64_t lengths[] = {3, 4};
+  const Tensor q = randn({1, 6, 7, 8}, DType::f64, &gen).to(dtype).to(device).requires_grad_(),
+               k = randn({1, 2, 7, 8}, DType::f64, &gen).to(dtype).to(device).requires_grad_(),
+               v = randn({1, 2, 7, 8}, DType::f64, &gen).to(dtype).to(device).requires_grad_();
+  const Tensor segments = from_vector({0, 0, 0, 1, 1, 1, 1}, {1, 7}, TensorOptions().dtype(DType::i64).device(device));
+  const Tensor packed = scaled_dot_product_attention(q, k, v, true, 0.0, std::nullopt, document_mask(segments));
+  const Tensor weights = randn({1, 6, 7, 8}, DType::f64, &gen).to(dtype).to(device);
+  sum(mul(packed, weights)).backward();
+  int64_t start = 0;
+  for (const int64_t n : lengths) {
+    const auto rows = [&](const Tensor& t) {
+      return t.detach().slice(2, start, start + n).contiguous().requires_grad_();
+    };
+    const Tensor qs = rows(q), ks = rows(k), vs = rows(v);
+    const Tensor alone = scaled_dot_product_attention(qs, ks, vs, true);
+    sum(mul(alone, weights.slice(2, start, start + n))).backward();
+    const auto part = [&](const Tensor& t) { return t.slice(2, start, start + n).to(kCPU).to_vector<double>(); };
+    EXPECT_LE(relative_l2(part(packed.detach()), alone.detach().to(kCPU).to_vector<double>()), tol)
+        << "rows from " << start;
+    EXPECT_LE(relative_l2(part(q.grad()), qs.grad().to(kCPU).to_vector<double>()), tol) << "dq from " << start;
+    EXPECT_LE(relative_l2(part(k.grad()), ks.grad().to(kCPU).to_vector<double>()), tol) << "dk from " << start;
+    EXPECT_LE(relative_l2(part(v.grad()), vs.grad().to(kCPU).to_vector<double>()), tol) << "dv from " << start;
+    start += n;
+  }
+}
+
+TEST(Attention, PackedSequencesEqualSeparateRows) { expect_packed_equals_separate(kCPU, DType::f64, 1e-12); }
+TEST(Attention, CudaPackedSequencesEqualSeparateRows) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Device gpu = cuda_device(0);
+  const Tensor segments = from_vector({3, 3, 1, 1, 1}, {1, 5}, TensorOptions().dtype(DType::i64).device(gpu));
+  EXPECT_EQ(document_mask(segments).to(kCPU).to_vector<double>(), document_mask(segments.to(kCPU)).to_vector<double>());
+  expect_packed_equals_separate(gpu, DType::bf16, 2e-2);  // cuDNN with the mask as a bias, against cuDNN alone
+}
+
+TEST(Attention, MaskErrorsNameTheMask) {
+  const Tensor x = ones({1, 2, 3, 8});
+  expect_contains(error_of([&] {
+                    scaled_dot_product_attention(x, x, x, true, 0.0, std::nullopt, ones({1, 1, 3, 4}));
+                  }),
+                  {"scaled_dot_product_attention", "attn_mask", "[1 or 1, 1, 3, 3]", "[1, 1, 3, 4]"});
+  expect_contains(error_of([&] {
+                    scaled_dot_product_attention(x, x, x, true, 0.0, std::nullopt, ones({1, 1, 3, 3}, DType::i64));
+                  }),
+                  {"attn_mask", "bool", "i64"});
 }
 
 TEST(Attention, CudaCausalMatchesCpu) {

@@ -325,7 +325,8 @@ TEST(OpContractCoverage, EveryDifferentiableOpIsChecked) {
                                              "stack",         "split",       "sdpa",        "linear_cross_entropy",
                                              "sdpa_causal",   "conv2d",      "max_pool2d",  "avg_pool2d",
                                              "lora_linear",   "linear_gelu", "mlp_gelu",    "add_layer_norm",
-                                             "add_rms_norm",  "sdpa_gqa",    "rope",        "swiglu"};
+                                             "add_rms_norm",  "sdpa_gqa",    "rope",        "swiglu",
+                                             "sdpa_masked"};
   std::set<std::string> covered;
   size_t gradchecked = 0;
   for (const OpCase& c : op_cases()) {

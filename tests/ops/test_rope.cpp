@@ -29,6 +29,14 @@ MT_OP_CASE(OpCase("rope", "rope_heads_view_far_positions").inputs({{2, 7, 3, 12}
   return rope(x[0].transpose(1, 2), inv_freq(12, x[0].device()), /*start=*/4000);
 }));
 
+// Packed rows: each row's own positions (restarting where a new sequence starts).
+Tensor packed_positions(Device device) {
+  return from_vector({0, 1, 2, 0, 1, 5, 6, 7, 0, 1}, {2, 5}, TensorOptions().dtype(DType::i64).device(device));
+}
+MT_OP_CASE(OpCase("rope", "rope_packed_positions").inputs({{2, 5, 3, 12}}).compute([](const In& x) {
+  return rope(x[0].transpose(1, 2), inv_freq(12, x[0].device()), packed_positions(x[0].device()));
+}));
+
 // y[i] = x[i] cos - x[i + D/2] sin, y[i + D/2] = x[i + D/2] cos + x[i] sin, angle = f32(t) * f.
 std::vector<double> rope_formula(const Tensor& x, const Tensor& freq, int64_t start) {
   const int64_t rows = x.numel() / x.size(3), T = x.size(2), half = x.size(3) / 2;
@@ -85,6 +93,43 @@ TEST(Rope, KeepsTheHeadsLayoutAndItsGradientRotatesBack) {
   sum(mul(y, y)).backward();
   const std::vector<double> g = stored.grad().to_vector<double>(), x = stored.to_vector<double>();
   for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], 2 * x[i], 1e-12);
+}
+
+// Per-row positions rotate each row as that row alone would be at its position: rows of a packed
+// sequence equal the rows of the sequence run from position 0, and positions start + t equal start.
+void expect_positions_rotate_each_row(Device device) {
+  Generator gen(8);
+  const Tensor x = randn({2, 3, 5, 12}, DType::f32, &gen).to(device);
+  const Tensor y = rope(x, inv_freq(12, device), packed_positions(device)).to(kCPU);
+  const Tensor x_cpu = x.to(kCPU);
+  const auto expect_rows = [&](int64_t b, int64_t first, int64_t n, int64_t start) {
+    const Tensor want = rope(x_cpu.slice(0, b, b + 1).slice(2, first, first + n), inv_freq(12, kCPU), start);
+    const std::vector<double> got = y.slice(0, b, b + 1).slice(2, first, first + n).contiguous().to_vector<double>();
+    const std::vector<double> w = want.to_vector<double>();
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], w[i], 2e-6) << "row " << b << " from " << first;
+  };
+  expect_rows(0, 0, 3, 0);  // row 0: a sequence at 0, 1, 2, then one at 0, 1
+  expect_rows(0, 3, 2, 0);
+  expect_rows(1, 0, 3, 5);  // row 1: 5, 6, 7, then 0, 1
+  expect_rows(1, 3, 2, 0);
+}
+
+TEST(Rope, PositionsRotateEachRowAtItsOwnPosition) { expect_positions_rotate_each_row(kCPU); }
+TEST(Rope, CudaPositionsRotateEachRowAtItsOwnPosition) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_positions_rotate_each_row(gpu());
+}
+
+TEST(Rope, PositionErrorsNameTheShapes) {
+  const Tensor x = ones({2, 3, 5, 8});
+  expect_contains(error_of([&] {
+                    rope(x, inv_freq(8, kCPU), ones({2, 4}, DType::i64));
+                  }),
+                  {"rope", "positions", "[2, 5]", "[2, 4]"});
+  expect_contains(error_of([&] {
+                    rope(x, inv_freq(8, kCPU), ones({2, 5}, DType::i32));
+                  }),
+                  {"rope", "positions", "i64"});
 }
 
 TEST(Rope, ErrorsNameTheOpAndTheShapes) {
