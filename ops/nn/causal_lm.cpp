@@ -26,6 +26,12 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir) {
 
 // ------------------------------------------------------------------ sampling
 
+Tensor CausalLM::packed_loss(const Tensor&, const Tensor&, const PackedSequences&) const {
+  MT_CHECK_T(NotImplementedError, false, "packed sequences: ", model_type(),
+             " models do not implement them (the Llama family does: llama, mistral, qwen2)");
+  return {};
+}
+
 Tensor CausalLM::forward_cached(const Tensor&, KVCache&) const {
   MT_CHECK_T(NotImplementedError, false, "forward_cached: ", model_type(), " models have no KV cache");
 }

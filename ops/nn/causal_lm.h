@@ -22,11 +22,22 @@ struct KVCache {
   int64_t length = 0;                // tokens cached
 };
 
+// Rows that each hold several sequences (packed fine-tuning examples, mt::data::PackedBatcher):
+// positions restart at every sequence, and attention never crosses from one into another, so
+// each sequence is computed as it would be alone in its own row.
+struct PackedSequences {
+  Tensor positions;  // [B, T] i64: each token's position within its own sequence
+  Tensor segments;   // [B, T] i64: the tokens of one sequence share an id
+};
+
 class CausalLM : public Module {
  public:
   virtual Tensor forward(const Tensor& ids) const = 0;                      // [B, T] -> logits [B, T, V]
   virtual Tensor loss(const Tensor& ids, const Tensor& targets) const = 0;  // mean over targets != -100
-  virtual std::string model_type() const = 0;                               // config.json's
+  // loss() over packed rows. Models without packing return false and throw naming their type.
+  virtual bool supports_packing() const { return false; }
+  virtual Tensor packed_loss(const Tensor& ids, const Tensor& targets, const PackedSequences& packed) const;
+  virtual std::string model_type() const = 0;  // config.json's
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_positions() const = 0;  // the longest sequence
   virtual int64_t num_layers() const = 0;

@@ -8,6 +8,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "ops/attention/attention.h"
+#include "ops/common.h"
 #include "ops/loss/loss.h"
 #include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/parameter_init.h"
@@ -23,6 +24,23 @@ std::shared_ptr<Linear> projection(int64_t in, int64_t out, bool bias, Generator
 // [B, T, H*D] -> [B, H, T, D]
 Tensor heads(const Tensor& x, int64_t n, int64_t d) {
   return transpose(reshape(x, {x.size(0), x.size(1), n, d}), 1, 2);
+}
+
+// The layout of packed rows: their positions, and the mask keeping their sequences apart, made
+// once for every layer as an additive bias in the dtype attention will run in (the autocast dtype,
+// else the stream's).
+TokenLayout packed_layout(const PackedSequences& packed, const Tensor& ids, const Tensor& stream) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"positions", packed.positions},
+                                std::pair<const char*, const Tensor&>{"segments", packed.segments}}) {
+    MT_CHECK_T(ShapeError, t.defined() && t.shape() == ids.shape() && t.dtype() == DType::i64, "Llama: packed ", name,
+               " must be i64 of the ids' shape ", shape_str(ids.shape()), ", got ",
+               t.defined() ? ops::describe(t) : std::string("none"));
+    MT_CHECK(t.device() == ids.device(), "Llama: packed ", name, " must be on the ids' device ", ids.device().str(),
+             ", got ", ops::describe(t));
+  }
+  const DeviceType device = stream.device().type;
+  const DType dtype = autocast::is_enabled(device) ? autocast::dtype(device) : stream.dtype();
+  return TokenLayout{0, packed.positions.contiguous(), attention_bias(document_mask(packed.segments), dtype)};
 }
 
 }  // namespace
@@ -56,11 +74,11 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator* g)
   register_module("o_proj", o_proj, projection(n_head * head_dim, c.hidden_size, c.o_proj_bias, g));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const RotaryEmbedding& rope, int64_t start, Tensor* cached_k,
-                               Tensor* cached_v) const {
+Tensor LlamaAttention::forward(const Tensor& x, const RotaryEmbedding& rope, const TokenLayout& layout,
+                               Tensor* cached_k, Tensor* cached_v) const {
   const auto scope = trace_scope();
-  const Tensor q = rope.apply(heads(q_proj->forward(x), n_head, head_dim), start);
-  Tensor k = rope.apply(heads(k_proj->forward(x), n_kv_head, head_dim), start);
+  const Tensor q = rope.apply(heads(q_proj->forward(x), n_head, head_dim), layout);
+  Tensor k = rope.apply(heads(k_proj->forward(x), n_kv_head, head_dim), layout);
   Tensor v = heads(v_proj->forward(x), n_kv_head, head_dim);
   bool causal = true;
   if (cached_k != nullptr) {
@@ -77,7 +95,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const RotaryEmbedding& rope, int
     *cached_v = v;
   }
   // Grouped-query attention: the n_head / n_kv_head query heads of a group read one k and v head.
-  const Tensor y = scaled_dot_product_attention(q, k, v, causal);
+  const Tensor y = scaled_dot_product_attention(q, k, v, causal, 0.0, std::nullopt, layout.attn_mask);
   return o_proj->forward(reshape(transpose(y, 1, 2), {x.size(0), x.size(1), n_head * head_dim}));
 }
 
@@ -100,13 +118,13 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
                   std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, int64_t start,
-                                   Tensor* cached_k, Tensor* cached_v) const {
+AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope,
+                                   const TokenLayout& layout, Tensor* cached_k, Tensor* cached_v) const {
   const auto scope = trace_scope();
   const AddNorm in =
       pending.defined() ? input_layernorm->forward_add(x, pending) : AddNorm{x, input_layernorm->forward(x)};
   const AddNorm mid =
-      post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, start, cached_k, cached_v));
+      post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, layout, cached_k, cached_v));
   return {mid.sum, mlp->forward(mid.normed)};
 }
 
@@ -120,9 +138,10 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g)
   register_module("norm", norm, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
+Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache, const PackedSequences* packed) const {
   const auto scope = trace_scope();
   MT_CHECK_T(ShapeError, ids.dim() == 2, "Llama: ids must be [B, T], got ", shape_str(ids.shape()));
+  MT_CHECK(cache == nullptr || packed == nullptr, "Llama: packed sequences cannot run with a KV cache");
   const int64_t past = cache != nullptr ? cache->length : 0;
   const int64_t t = past + ids.size(1);
   MT_CHECK(t <= config_.max_position_embeddings, "Llama: a sequence of ", t, " tokens exceeds max_position_embeddings ",
@@ -135,6 +154,7 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
     cache->values.resize(layers.size());
   }
   AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
+  const TokenLayout layout = packed != nullptr ? packed_layout(*packed, ids, stream.sum) : TokenLayout{past};
   for (size_t i = 0; i < layers.size(); ++i) {
     // The last layer is never recomputed: backward reaches it first and would rebuild at once
     // what keeping it holds (as GPT's blocks).
@@ -144,14 +164,14 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       const Tensor x = stream.normed.defined() ? add(stream.sum, stream.normed) : stream.sum;
       // The segment holds the layer and the rotary table themselves, never this model.
       const std::vector<Tensor> out = mt::checkpoint(
-          [layer = layers[i], rotary = rotary_, past](const std::vector<Tensor>& in) {
-            const AddNorm o = layer->forward(in[0], Tensor(), *rotary, past);
+          [layer = layers[i], rotary = rotary_, layout](const std::vector<Tensor>& in) {
+            const AddNorm o = layer->forward(in[0], Tensor(), *rotary, layout);
             return std::vector<Tensor>{o.sum, o.normed};
           },
           {x});
       stream = {out[0], out[1]};
     } else {
-      stream = layers[i]->forward(stream.sum, stream.normed, *rotary_, past, cache ? &cache->keys[i] : nullptr,
+      stream = layers[i]->forward(stream.sum, stream.normed, *rotary_, layout, cache ? &cache->keys[i] : nullptr,
                                   cache ? &cache->values[i] : nullptr);
     }
   }
@@ -196,6 +216,14 @@ Tensor Llama::forward(const Tensor& ids) const {
 Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) const {
   const auto scope = trace_scope();
   return matmul(model->forward(ids, &cache), transpose(lm_head_weight(), 0, 1));
+}
+
+Tensor Llama::packed_loss(const Tensor& ids, const Tensor& targets, const PackedSequences& packed) const {
+  const auto scope = trace_scope();
+  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "Llama::packed_loss: targets ", shape_str(targets.shape()),
+             " must have the shape of ids ", shape_str(ids.shape()));
+  const Tensor hidden = model->forward(ids, nullptr, &packed);
+  return linear_cross_entropy(reshape(hidden, {-1, config_.hidden_size}), lm_head_weight(), reshape(targets, {-1}));
 }
 
 Tensor Llama::loss(const Tensor& ids, const Tensor& targets) const {

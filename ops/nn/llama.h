@@ -40,8 +40,8 @@ class LlamaAttention : public Module {
   LlamaAttention(const LlamaConfig& config, Generator* generator);
   // [B, T, C] -> [B, T, C]. With a cache (keys/values of the positions before x's), x's keys and
   // values are appended to it and x attends to all of them.
-  // Positions start at `start` (the cache's length when there is one).
-  Tensor forward(const Tensor& x, const RotaryEmbedding& rope, int64_t start, Tensor* cached_k = nullptr,
+  // The tokens sit where `layout` says (after the cache's when there is one).
+  Tensor forward(const Tensor& x, const RotaryEmbedding& rope, const TokenLayout& layout, Tensor* cached_k = nullptr,
                  Tensor* cached_v = nullptr) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;
@@ -61,7 +61,7 @@ class LlamaDecoderLayer : public Module {
   // before's MLP output, or undefined) and the attention output are added by the norms after them
   // (add_rms_norm: one pass over the stream instead of two); the MLP output is returned as the
   // next pending delta: {stream before it, MLP output}.
-  AddNorm forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, int64_t start,
+  AddNorm forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, const TokenLayout& layout,
                   Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -72,7 +72,9 @@ class LlamaDecoderLayer : public Module {
 class LlamaModel : public Module {
  public:
   LlamaModel(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& ids, KVCache* cache = nullptr) const;  // [B, T] -> hidden [B, T, C] after the final norm
+  // [B, T] -> hidden [B, T, C] after the final norm; with `packed`, rows of several sequences
+  // (never with a cache).
+  Tensor forward(const Tensor& ids, KVCache* cache = nullptr, const PackedSequences* packed = nullptr) const;
   std::shared_ptr<Embedding> embed_tokens;
   std::shared_ptr<ModuleList> layers_list;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
@@ -90,6 +92,8 @@ class Llama : public CausalLM {
   explicit Llama(const LlamaConfig& config, Generator* generator = nullptr);
   Tensor forward(const Tensor& ids) const override;                      // [B, T] -> logits [B, T, V]
   Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy over targets != -100
+  bool supports_packing() const override { return true; }
+  Tensor packed_loss(const Tensor& ids, const Tensor& targets, const PackedSequences& packed) const override;
   const LlamaConfig& config() const { return config_; }
   // CausalLM
   std::string model_type() const override { return config_.model_type; }

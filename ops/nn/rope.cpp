@@ -43,6 +43,9 @@ const Tensor& RotaryEmbedding::inv_freq(Device device) const {
   return t;
 }
 
-Tensor RotaryEmbedding::apply(const Tensor& x, int64_t start) const { return rope(x, inv_freq(x.device()), start); }
+Tensor RotaryEmbedding::apply(const Tensor& x, const TokenLayout& layout) const {
+  if (layout.positions.defined()) return rope(x, inv_freq(x.device()), layout.positions);
+  return rope(x, inv_freq(x.device()), layout.start);
+}
 
 }  // namespace mt::nn

@@ -20,14 +20,23 @@ namespace mt::nn {
 
 std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
 
+// Where the tokens of one forward pass sit: positions start, start + 1, ... along each row (a KV
+// cache's length is the start of the tokens after it), or, for packed rows, positions of their own
+// and the attention mask that keeps their sequences apart.
+struct TokenLayout {
+  int64_t start = 0;
+  Tensor positions;  // [B, T] i64, or undefined: start + t
+  Tensor attn_mask;  // [B, 1, T, T] additive bias (mt::attention_bias), or undefined: causal alone
+};
+
 class RotaryEmbedding {
  public:
   RotaryEmbedding(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
   // inv_freq [D/2] f32 on `device`, copied there on first use and kept: every layer of every
   // step asks, and a copy from the host each time would wait for the device.
   const Tensor& inv_freq(Device device) const;
-  // x [B, H, T, D] rotated for positions start, start + 1, ... (mt::rope).
-  Tensor apply(const Tensor& x, int64_t start) const;
+  // x [B, H, T, D] rotated for the layout's positions (mt::rope).
+  Tensor apply(const Tensor& x, const TokenLayout& layout) const;
 
  private:
   std::vector<float> host_;

@@ -86,6 +86,19 @@ TEST(GPT, EarlierLogitsDoNotDependOnLaterTokens) {
             values(model.forward(from_vector(changed, {1, 10}, DType::i64)).slice(1, 7, 8)));
 }
 
+TEST(GPT, PackedSequencesAreRefusedNamingTheModelType) {
+  Generator gen(1);
+  const GPT model(tiny_config(), &gen);
+  EXPECT_FALSE(model.supports_packing());
+  const Tensor ids = from_vector({1, 2, 3}, {1, 3}, TensorOptions().dtype(DType::i64));
+  try {
+    model.packed_loss(ids, ids, PackedSequences{ids, ids});
+    FAIL() << "expected a NotImplementedError";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GPT, SavePretrainedWritesHuggingFaceLayoutAndLoadsBackBitExact) {
   const GPTConfig c = tiny_config();
   Generator g(3);

@@ -208,6 +208,91 @@ TEST(Llama, CudaCheckpointedLayersGiveTheSameLossAndGradientsUnderAutocast) {
   expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2);
 }
 
+// Packed rows: three examples (6, 5 and 4 tokens) packed into two rows of 10 positions, against the
+// same examples one per row, padded. The mean loss over their real targets and every gradient are
+// the same: each example's positions restart at 0 and its attention stays inside it. Bit for bit
+// is not expected (other GEMM shapes sum in another order): within f32 rounding on the CPU, bf16
+// autocast's on CUDA; with every layer recomputed, so the checkpointed path carries the layout too.
+void expect_packed_rows_equal_padded_rows(Device device, bool autocast, double tol) {
+  LlamaConfig c = tiny_llama_config();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;  // head_dim 16: cuDNN's fused attention, with the mask as a bias, on CUDA
+  c.num_key_value_heads = 2;
+  Generator init(3);
+  Llama model(c, &init);
+  model.to(device);
+  const std::vector<std::vector<double>> examples = {{1, 5, 9, 2, 30, 7}, {3, 3, 8, 21, 4}, {11, 6, 19, 36}};
+  const int64_t T = 10;
+  // Packed: row 0 holds examples 0 and 1 (5 + 4 positions, one padding), row 1 example 2 (3, seven padding).
+  std::vector<double> ids(2 * T, 0), targets(2 * T, -100), positions(2 * T, 0), segments(2 * T, 0);
+  const std::vector<std::pair<int64_t, int64_t>> where = {{0, 0}, {0, 5}, {1, 0}};  // (row, first position)
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const auto [row, first] = where[e];
+    for (size_t i = 0; i + 1 < examples[e].size(); ++i) {
+      const size_t at = static_cast<size_t>(row * T + first) + i;
+      ids[at] = examples[e][i];
+      targets[at] = examples[e][i + 1];
+      positions[at] = static_cast<double>(i);
+      segments[at] = static_cast<double>(e);
+    }
+  }
+  for (size_t at : {size_t{9}}) segments[at] = 9, positions[at] = 0;  // row 0's padding: a segment of its own
+  for (size_t at = 13; at < 20; ++at) segments[at] = 9, positions[at] = static_cast<double>(at - 13);
+  // Padded: one example per row.
+  std::vector<double> ids_p(3 * T, 0), targets_p(3 * T, -100);
+  for (size_t e = 0; e < examples.size(); ++e) {
+    for (size_t i = 0; i + 1 < examples[e].size(); ++i) {
+      ids_p[e * T + i] = examples[e][i];
+      targets_p[e * T + i] = examples[e][i + 1];
+    }
+  }
+  const auto i64 = [&](const std::vector<double>& v, int64_t rows) {
+    return from_vector(v, {rows, T}, TensorOptions().dtype(DType::i64).device(device));
+  };
+  const auto run = [&](const std::function<Tensor()>& loss_fn) {
+    for (Tensor p : model.parameters()) p.set_grad(Tensor());
+    AutocastGuard guard(device.type, DType::bf16, autocast);
+    Tensor loss = loss_fn();
+    loss.backward();
+    std::vector<double> values = {loss.item()};
+    for (const Tensor& p : model.parameters()) {
+      const std::vector<double> g = p.grad().to(kCPU).to(DType::f64).to_vector<double>();
+      values.insert(values.end(), g.begin(), g.end());
+    }
+    return values;
+  };
+  model.set_checkpointing("blocks");
+  const PackedSequences packed{i64(positions, 2), i64(segments, 2)};
+  const std::vector<double> a = run([&] { return model.packed_loss(i64(ids, 2), i64(targets, 2), packed); });
+  model.set_checkpointing("off");
+  const std::vector<double> b = run([&] { return model.loss(i64(ids_p, 3), i64(targets_p, 3)); });
+  EXPECT_NEAR(a[0], b[0], tol * std::abs(b[0])) << "the loss";
+  EXPECT_LE(relative_l2(a, b), tol) << "the gradients";
+  // One segment id for the whole row lets the examples attend to each other: the loss changes.
+  const PackedSequences joined{i64(positions, 2), i64(std::vector<double>(2 * T, 0), 2)};
+  const std::vector<double> wrong = run([&] { return model.packed_loss(i64(ids, 2), i64(targets, 2), joined); });
+  EXPECT_GT(std::abs(wrong[0] - b[0]), 10 * tol * std::abs(b[0])) << "attention across examples must change the loss";
+}
+
+TEST(Llama, PackedRowsGiveTheLossAndGradientsOfOneExamplePerRow) {
+  expect_packed_rows_equal_padded_rows(kCPU, /*autocast=*/false, 2e-5);
+}
+TEST(Llama, CudaPackedRowsGiveTheLossAndGradientsOfOneExamplePerRowUnderAutocast) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_packed_rows_equal_padded_rows(Device("cuda"), /*autocast=*/true, 2e-2);
+}
+
+TEST(Llama, PackedLayoutErrorsNameTheTensor) {
+  Generator init(3);
+  const Llama model(tiny_llama_config(), &init);
+  const Tensor ids = ids_of({1, 2, 3, 4}, 1, 4);
+  const std::string msg = error_message_of([&] {
+    model.packed_loss(ids, ids, PackedSequences{ids_of({0, 1, 2}, 1, 3), ids});
+  });
+  EXPECT_NE(msg.find("positions"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[1, 4]"), std::string::npos) << msg;
+}
+
 TEST_F(LlamaFiles, ConfigErrorsNameTheFileAndTheField) {
   const auto message = [&](const std::string& json) {
     return error_message_of([&] { LlamaConfig::from_json_file(config_file(json)); });
