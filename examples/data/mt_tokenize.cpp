@@ -12,7 +12,11 @@
 // encoded on all cores, in order; the documents of different files and lines are separated by the
 // tokenizer's eos token, or by "\n\n" when it has none (the byte tokenizer).
 // --format prompt-completion | messages: JSONL fine-tuning examples, written with a loss mask so
-// that only completions are trained on (tokenizers/finetune_data.h).
+// that only completions are trained on (tokenizers/finetune_data.h), and with each example's
+// start (core/data/token_file.h), so that a trainer can pack several examples into one row and
+// keep them apart (core/data/packed_batcher.h). Every file then begins at an example start: the
+// train/validation split and the shard ends move back to the nearest example start at or before
+// them (forward past an example longer than a shard, so that no file is empty).
 //
 // With --val-output, the last --val-fraction of the tokens becomes the validation file: a held-out
 // tail rather than a random sample, so no validation text also appears in training. The tokens are
@@ -21,10 +25,12 @@
 // own --shard-prefix.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -57,11 +63,28 @@ struct Options {
   std::vector<std::string> role_templates, inputs;
 };
 
-// All tokens of the run, with their loss mask when the format has one.
+// All tokens of the run, with their loss mask and example starts when the format has them.
 struct Stream {
   std::vector<TokenId> ids;
   std::vector<uint8_t> mask;
+  std::vector<uint64_t> starts;  // ascending: the first token of each example (fine-tuning formats)
   bool masked = false;
+
+  // The last example start at or before `at` that is after `after`, else the first after `at`,
+  // else `end`: where a file that begins at `after` should end near `at`.
+  size_t example_boundary(size_t after, size_t at, size_t end) const {
+    auto it = std::upper_bound(starts.begin(), starts.end(), at);
+    if (it != starts.begin() && *std::prev(it) > after) return *std::prev(it);
+    return it != starts.end() && *it < end ? static_cast<size_t>(*it) : end;
+  }
+  // The starts in [from, to), relative to `from`.
+  std::vector<uint64_t> starts_in(size_t from, size_t to) const {
+    std::vector<uint64_t> relative;
+    for (auto it = std::lower_bound(starts.begin(), starts.end(), from); it != starts.end() && *it < to; ++it) {
+      relative.push_back(*it - from);
+    }
+    return relative;
+  }
 };
 
 // Reads sources a batch of about kBatchBytes at a time, so that memory holds one batch of text.
@@ -159,6 +182,7 @@ class Tokenize {
       });
       for (auto& e : examples) {
         if (e.ids.empty()) continue;
+        stream_.starts.push_back(stream_.ids.size());
         stream_.ids.insert(stream_.ids.end(), e.ids.begin(), e.ids.end());
         stream_.mask.insert(stream_.mask.end(), e.loss_mask.begin(), e.loss_mask.end());
         ++documents_;
@@ -177,25 +201,49 @@ class Tokenize {
   Stream stream_;
 };
 
-// Writes tokens [begin, end) to `path`, or as shards of --shard-tokens into the directory `path`.
-std::string write_tokens(const Options& o, const Stream& s, size_t begin, size_t end, const std::string& path,
-                         int64_t vocab, bool shard) {
+// What write_tokens wrote: where, how many examples (fine-tuning formats), and how many shards
+// hold more than --shard-tokens because one example is longer.
+struct Written {
+  std::string where;
+  int64_t examples = 0;
+  int64_t oversized = 0;
+};
+
+// Writes tokens [begin, end) to `path`, or as shards of about --shard-tokens into the directory
+// `path`; with example starts, each shard ends at one (see the top of this file).
+Written write_tokens(const Options& o, const Stream& s, size_t begin, size_t end, const std::string& path,
+                     int64_t vocab, bool shard) {
+  Written written;
   const auto write_one = [&](const std::string& file, size_t from, size_t to) {
-    mt::data::write_token_file(file, s.ids.data() + from, to - from, vocab, s.masked ? s.mask.data() + from : nullptr);
+    const std::vector<uint64_t> starts = s.masked ? s.starts_in(from, to) : std::vector<uint64_t>();
+    mt::data::write_token_file(file, s.ids.data() + from, to - from, vocab, s.masked ? s.mask.data() + from : nullptr,
+                               s.masked ? starts.data() : nullptr, starts.size());
+    written.examples += static_cast<int64_t>(starts.size());
   };
   if (!shard) {
     write_one(path, begin, end);
-    return path;
+    written.where = path;
+    return written;
   }
   std::filesystem::create_directories(path);
   int index = 0;
-  for (size_t from = begin; from < end; from += static_cast<size_t>(o.shard_tokens), ++index) {
+  for (size_t from = begin; from < end; ++index) {
+    const size_t goal = std::min(end, from + static_cast<size_t>(o.shard_tokens));
+    const size_t to = s.masked && goal < end ? s.example_boundary(from, goal, end) : goal;
+    written.oversized += to - from > static_cast<size_t>(o.shard_tokens);
     char name[64];
     std::snprintf(name, sizeof name, "%s-%06d.mtt", o.shard_prefix.c_str(), index);
-    write_one((std::filesystem::path(path) / name).string(), from,
-              std::min(end, from + static_cast<size_t>(o.shard_tokens)));
+    write_one((std::filesystem::path(path) / name).string(), from, to);
+    from = to;
   }
-  return mt::detail::str_cat(path, "/", o.shard_prefix, "-*.mtt, ", index, index == 1 ? " shard" : " shards");
+  written.where = mt::detail::str_cat(path, "/", o.shard_prefix, "-*.mtt, ", index, index == 1 ? " shard" : " shards");
+  return written;
+}
+
+// " in 1,234 examples" for the fine-tuning formats; "" for text.
+std::string examples_of(const Stream& s, const Written& w) {
+  return s.masked ? mt::detail::str_cat(" in ", with_commas(w.examples), w.examples == 1 ? " example" : " examples")
+                  : std::string();
 }
 
 int run(const Options& o) {
@@ -204,23 +252,34 @@ int run(const Options& o) {
   const Stream stream = job.run();
   MT_CHECK(!stream.ids.empty(), "the input file '", o.inputs[0], "' is empty; there is nothing to tokenize");
   const size_t n = stream.ids.size();
-  const size_t n_val =
-      o.val_output.empty() ? 0 : static_cast<size_t>(std::llround(o.val_fraction * static_cast<double>(n)));
+  size_t n_val = o.val_output.empty() ? 0 : static_cast<size_t>(std::llround(o.val_fraction * static_cast<double>(n)));
+  // The validation file must begin at an example start too.
+  const size_t fraction_split = n - n_val;
+  if (stream.masked && n_val > 0 && n_val < n) n_val = n - stream.example_boundary(0, fraction_split, n);
   const size_t n_train = n - n_val;
   MT_CHECK(n_train >= 1, with_commas(static_cast<int64_t>(n)), " tokens leave no training tokens with --val-fraction ",
            o.val_fraction);
   MT_CHECK(o.val_output.empty() || n_val >= 1, with_commas(static_cast<int64_t>(n)),
            " tokens leave no validation tokens with --val-fraction ", o.val_fraction);
   const int64_t vocab = tokenizer->vocab_size();
-  const std::string train_where = write_tokens(o, stream, 0, n_train, o.output, vocab, o.shard_tokens > 0);
-  std::string summary =
-      mt::detail::str_cat("mt_tokenize: ", job.num_sources(), job.num_sources() == 1 ? " file, " : " files, ",
-                          with_commas(static_cast<int64_t>(job.total_bytes())), " bytes, ",
-                          with_commas(job.documents()), stream.masked ? " examples" : " documents", " -> train ",
-                          with_commas(static_cast<int64_t>(n_train)), " tokens (", train_where, ")");
+  const Written train = write_tokens(o, stream, 0, n_train, o.output, vocab, o.shard_tokens > 0);
+  std::string summary = mt::detail::str_cat(
+      "mt_tokenize: ", job.num_sources(), job.num_sources() == 1 ? " file, " : " files, ",
+      with_commas(static_cast<int64_t>(job.total_bytes())), " bytes, ", with_commas(job.documents()),
+      stream.masked ? " examples" : " documents", " -> train ", with_commas(static_cast<int64_t>(n_train)), " tokens",
+      examples_of(stream, train), " (", train.where, ")");
   if (n_val > 0) {
-    write_tokens(o, stream, n_train, n, o.val_output, vocab, false);
-    summary += mt::detail::str_cat(", val ", with_commas(static_cast<int64_t>(n_val)), " tokens (", o.val_output, ")");
+    const Written val = write_tokens(o, stream, n_train, n, o.val_output, vocab, false);
+    summary += mt::detail::str_cat(", val ", with_commas(static_cast<int64_t>(n_val)), " tokens",
+                                   examples_of(stream, val), " (", o.val_output, ")");
+  }
+  if (n_train != fraction_split && n_val > 0) {
+    summary += mt::detail::str_cat(", the split moved from token ", with_commas(static_cast<int64_t>(fraction_split)),
+                                   " to the example start at ", with_commas(static_cast<int64_t>(n_train)));
+  }
+  if (train.oversized > 0) {
+    summary += mt::detail::str_cat(", ", train.oversized, train.oversized == 1 ? " shard holds" : " shards hold",
+                                   " more than --shard-tokens to end at an example start");
   }
   if (stream.masked) {
     size_t trained = 0;
