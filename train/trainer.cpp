@@ -98,6 +98,7 @@ struct Trainer::Impl {
   }
 
   void load_micro_batches();
+  void stage(Tensor& mine, const Tensor& host, bool first) const;
   void run_step();  // what a CUDA Graph captures: the device work of one step
   double read_grad_norm();
   std::map<std::string, double> checkpoint_extra(int64_t step) const;
@@ -210,6 +211,21 @@ Trainer::Impl::Impl(nn::Module& model_, DataSource& data_, LossFn loss_fn_, Trai
 // Note [The Trainer's step]: the micro-batches are read and counted on the host first, so that
 // each one's weight (its share of the step's targets) is known before any backward; the weights
 // reach the device by a copy outside the step, which a captured graph can then replay.
+// `host` copied into the device tensor `mine`, which keeps its storage while the shape and dtype
+// stay (a captured step reads fixed addresses); undefined stays undefined (rows without packing).
+void Trainer::Impl::stage(Tensor& mine, const Tensor& host, bool first) const {
+  if (!host.defined()) {
+    mine = Tensor();
+    return;
+  }
+  if (!mine.defined() || mine.shape() != host.shape() || mine.dtype() != host.dtype()) {
+    MT_CHECK(!options.cuda_graph || first, "Trainer: a captured step needs batches of one shape; got ",
+             shape_str(host.shape()), " after ", mine.defined() ? shape_str(mine.shape()) : std::string("none"));
+    mine = empty(host.shape(), TensorOptions().dtype(host.dtype()).device(options.device));
+  }
+  mine.copy_(host);
+}
+
 void Trainer::Impl::load_micro_batches() {
   std::vector<Batch> host(static_cast<size_t>(options.accumulation));
   step_targets = 0;
@@ -222,16 +238,10 @@ void Trainer::Impl::load_micro_batches() {
   const bool first = device_batches.empty();
   for (size_t i = 0; i < host.size(); ++i) {
     Batch& mine = first ? device_batches.emplace_back() : device_batches[i];
-    if (first || mine.inputs.shape() != host[i].inputs.shape() || mine.targets.shape() != host[i].targets.shape() ||
-        mine.inputs.dtype() != host[i].inputs.dtype() || mine.targets.dtype() != host[i].targets.dtype()) {
-      MT_CHECK(!options.cuda_graph || first, "Trainer: a captured step needs batches of one shape; got inputs ",
-               shape_str(host[i].inputs.shape()), " after ", shape_str(mine.inputs.shape()));
-      mine.inputs = empty(host[i].inputs.shape(), TensorOptions().dtype(host[i].inputs.dtype()).device(options.device));
-      mine.targets =
-          empty(host[i].targets.shape(), TensorOptions().dtype(host[i].targets.dtype()).device(options.device));
-    }
-    mine.inputs.copy_(host[i].inputs);
-    mine.targets.copy_(host[i].targets);
+    stage(mine.inputs, host[i].inputs, first);
+    stage(mine.targets, host[i].targets, first);
+    stage(mine.positions, host[i].positions, first);
+    stage(mine.segments, host[i].segments, first);
     mine.count = host[i].count;
   }
   if (options.accumulation > 1) {
@@ -352,8 +362,9 @@ double Trainer::Impl::evaluate() {
   double weighted = 0, counted = 0;
   for (int64_t i = 0; i < options.eval_batches; ++i) {
     Batch batch = validation->next();
-    batch.inputs = batch.inputs.to(options.device);
-    batch.targets = batch.targets.to(options.device);
+    for (Tensor* t : {&batch.inputs, &batch.targets, &batch.positions, &batch.segments}) {
+      if (t->defined()) *t = t->to(options.device);
+    }
     AutocastGuard autocast(options.device.type, options.amp.value_or(DType::bf16), options.amp.has_value());
     Fp8AutocastGuard fp8(options.device.type, options.fp8.value_or(Fp8Recipe()), options.fp8.has_value());
     const double loss = loss_fn(batch).item();

@@ -129,8 +129,7 @@ int main(int argc, char** argv) {
     sample("before");
     std::optional<double> val_before;
     if (!train_flags.val_data.empty()) {
-      val_before = lm_example::evaluate(*model, train_flags.val_data, train_flags.batch_size, train_flags.seq_len,
-                                        train_flags.eval_batches, placement);
+      val_before = lm_example::evaluate(*model, train_flags.val_data, train_flags, placement);
       if (placement.is_main()) std::printf("mt_lora: validation loss of the base model %.4f\n", *val_before);
     }
 

@@ -62,6 +62,13 @@ void TrainFlags::add_to(CLI::App& app, const std::string& data_help) {
   app.add_option("--eval-every", eval_every, "steps between validations (0: after the last step only)")
       ->capture_default_str()
       ->check(example::non_negative());
+  app.add_option("--examples", examples,
+                 "stream: windows of --seq-len + 1 tokens cut from the token file; packed: whole fine-tuning "
+                 "examples packed several per row, each with its own positions and attention (Llama family); "
+                 "padded: the same examples one per row (packed and padded need a file mt_tokenize wrote from "
+                 "--format prompt-completion or messages)")
+      ->capture_default_str()
+      ->check(example::one_of({"stream", "packed", "padded"}));
   app.add_option("--progress", progress, "auto (a bar on a terminal, lines elsewhere), bar or lines")
       ->capture_default_str()
       ->check(example::one_of({"auto", "bar", "lines"}));
@@ -167,21 +174,46 @@ mt::data::BatcherOptions batches(const TrainFlags& flags, const example::Placeme
 
 }  // namespace
 
-double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
+namespace {
+
+// The batches of `path` as --examples says: stream windows, packed or padded examples.
+std::unique_ptr<mt::train::DataSource> data_source(const std::string& path, const TrainFlags& flags,
+                                                   const mt::data::BatcherOptions& options) {
+  if (flags.examples == "stream") return std::make_unique<mt::train::TokenData>(path, options);
+  return std::make_unique<mt::train::PackedTokenData>(
+      path, options, flags.examples == "packed" ? mt::train::PackedLayout::packed : mt::train::PackedLayout::padded);
+}
+
+int64_t batches_per_epoch(const mt::train::DataSource& data) {
+  if (const auto* windows = dynamic_cast<const mt::train::TokenData*>(&data)) return windows->batches_per_epoch();
+  return dynamic_cast<const mt::train::PackedTokenData&>(data).batcher().batches_per_epoch(0);
+}
+
+// A batch's mean loss: packed rows through the model's packed_loss.
+mt::Tensor loss_of(const mt::nn::CausalLM& model, const mt::train::Batch& b) {
+  if (b.positions.defined()) return model.packed_loss(b.inputs, b.targets, {b.positions, b.segments});
+  return model.loss(b.inputs, b.targets);
+}
+
+}  // namespace
+
+double evaluate(mt::nn::CausalLM& model, const std::string& path, const TrainFlags& flags,
                 const example::Placement& placement) {
   mt::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  const mt::data::TokenCorpus corpus(path);
-  mt::data::TokenBatcher batcher(corpus, mt::data::BatcherOptions(batch_size, seq_len).shuffle(false));
-  const int64_t n = std::min(batches, batcher.batches_per_epoch());
+  const auto data = data_source(path, flags, mt::data::BatcherOptions(flags.batch_size, flags.seq_len).shuffle(false));
+  const int64_t n = std::min(flags.eval_batches, batches_per_epoch(*data));
   double weighted = 0, counted = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const mt::data::Batch batch = batcher.next();
+    mt::train::Batch batch = data->next();
     if (batch.count == 0) continue;  // every target masked: nothing to average
+    for (mt::Tensor* t : {&batch.inputs, &batch.targets, &batch.positions, &batch.segments}) {
+      if (t->defined()) *t = t->to(placement.device);
+    }
     mt::AutocastGuard autocast(placement.device.type, placement.amp.value_or(mt::DType::bf16),
                                placement.amp.has_value());
-    const double loss = model.loss(batch.inputs.to(placement.device), batch.targets.to(placement.device)).item();
+    const double loss = loss_of(model, batch).item();
     weighted += loss * static_cast<double>(batch.count);
     counted += static_cast<double>(batch.count);
   }
@@ -254,7 +286,9 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
     MT_CHECK(corpus.vocab_size() <= model.vocab_size(), flags.data, ": the token file's vocab_size ",
              corpus.vocab_size(), " is larger than the model's vocab_size ", model.vocab_size());
   }
-  mt::train::TokenData data(flags.data, batches(flags, placement, /*shuffle=*/true));
+  MT_CHECK(flags.examples != "packed" || model.supports_packing(), "--examples packed: ", model.model_type(),
+           " models do not implement packed sequences (the Llama family does); use --examples padded or stream");
+  const auto data = data_source(flags.data, flags, batches(flags, placement, /*shuffle=*/true));
   MT_CHECK(flags.seq_len <= model.max_positions(), "--seq-len ", flags.seq_len,
            " exceeds the model's longest sequence ", model.max_positions());
   MT_CHECK(!flags.cuda_graph || model.dropout() == 0, "--cuda-graph needs dropout 0 (the model has ", model.dropout(),
@@ -279,11 +313,11 @@ TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const exampl
   if (!flags.trace.empty()) mt::nvtx::start_trace(flags.trace);
 
   mt::train::Trainer trainer(
-      model, data, [&model](const mt::train::Batch& b) { return model.loss(b.inputs, b.targets); },
+      model, *data, [&model](const mt::train::Batch& b) { return loss_of(model, b); },
       trainer_options(model, flags, placement, tag));
-  std::optional<mt::train::TokenData> validation;
+  std::unique_ptr<mt::train::DataSource> validation;
   if (!flags.val_data.empty()) {
-    validation.emplace(flags.val_data, batches(flags, placement, /*shuffle=*/false));
+    validation = data_source(flags.val_data, flags, batches(flags, placement, /*shuffle=*/false));
     trainer.set_validation(*validation);
   }
   if (placement.is_main()) {

@@ -63,6 +63,11 @@ struct TrainFlags {
   // recomputed layers whose planned peak fits it (mt::train::plan_checkpointing; Llama family).
   std::string max_memory;
   bool dry_run = false;  // print the planned peak memory and stop before loading any weights
+  // How batches are cut from the token file: "stream" (windows of --seq-len + 1 tokens, examples
+  // may share one and see each other), "packed" (whole fine-tuning examples, several per row, each
+  // with its own positions and attention; mt::data::PackedBatcher) or "padded" (the same examples
+  // one per row, padded).
+  std::string examples = "stream";
   void add_to(CLI::App& app, const std::string& data_help);
 };
 
@@ -98,9 +103,9 @@ void print_memory_plan(const std::string& tag, const std::string& config_json_pa
 TrainResult train(mt::nn::CausalLM& model, const TrainFlags& flags, const example::Placement& placement,
                   const std::string& tag, const MemorySetup& memory = {});
 
-// Mean loss per target over the first `batches` batches of `path` (a token file or shards, in
-// order), in eval mode, no gradient; targets outside a loss mask do not count.
-double evaluate(mt::nn::CausalLM& model, const std::string& path, int64_t batch_size, int64_t seq_len, int64_t batches,
+// Mean loss per target over the first --eval-batches batches of `path` (a token file or shards, in
+// order, cut as --examples says), in eval mode, no gradient; targets outside a loss mask do not count.
+double evaluate(mt::nn::CausalLM& model, const std::string& path, const TrainFlags& flags,
                 const example::Placement& placement);
 
 // The tokenizer of a run: `flag` (--tokenizer) when given, else the one saved in `model_dir` when

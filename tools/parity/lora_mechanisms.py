@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """A LoRA fine-tune of a small Llama-shaped model with the memory mechanisms on gives the plain run's losses.
 
-Two mt_lora runs from the same base, seed and data, LoRA r=8 on all seven projections:
-  plain       --batch-size B, --checkpoint off
-  mechanisms  --batch-size B/2 --grad-accum 2 (the loss averaged over the real targets of both
-              micro-batches), and --max-memory set between the planned peaks of `off` and `blocks`
-              (mt_lora --dry-run), so that the plan recomputes some layers but not all
-The training losses logged at every step must agree within --tolerance (relative): accumulation
-only reorders sums, and a recomputed layer repeats its forward exactly. The base comes from
-mt_train on a config.json of the given shape, the data from mt_tokenize over the given text files
-(bytes); the steps stay within one epoch. Exit status 0 when every step agrees, 1 otherwise.
+Two mt_lora runs from the same base, seed and fine-tuning examples, LoRA r=8 on all seven projections:
+  plain       --examples padded (one example per row), --batch-size B, --checkpoint off
+  mechanisms  --examples packed (several examples per row, each with its own positions and
+              attention), --batch-size B/2 --grad-accum 2 (the loss averaged over the real targets of
+              both micro-batches), and --max-memory set between the planned peaks of `off` and
+              `blocks` (mt_lora --dry-run), so that the plan recomputes some layers but not all
+Both runs see the same examples at every step (the padded layout lays out the packed batch's
+examples one per row). The training losses logged at every step must agree within --tolerance
+(relative): packing changes only which rows the examples share, accumulation only reorders sums,
+and a recomputed layer repeats its forward exactly. The base comes from mt_train on a config.json
+of the given shape; the examples are cut from the given text files (prompt and completion of
+varied lengths, bytes) and tokenized by mt_tokenize --format prompt-completion; the steps stay
+within one epoch. Exit status 0 when every step agrees, 1 otherwise.
 
   tools/parity/lora_mechanisms.py --bin build/examples --device cpu --steps 200 docs/*.md
 """
 import argparse
 import json
 import math
+import random
 import re
 import sys
 from pathlib import Path
@@ -37,6 +42,25 @@ def planned_peak(text):
     if not match:
         fail(f"no planned peak in mt_lora --dry-run's output:\n{text}")
     return float(match.group(1))
+
+
+def write_examples(texts, path, seq_len):
+    """Prompt-completion JSONL cut from the text: consecutive pieces of 8 to seq_len / 2 bytes, one in
+    eight up to seq_len (so that several share a packed row and some nearly fill one), a quarter to a
+    half of each the prompt."""
+    text = " ".join(" ".join(Path(t).read_text(errors="replace").split()) for t in texts)
+    text = text.encode("ascii", "replace").decode()
+    draw = random.Random(1)
+    count, at = 0, 0
+    with open(path, "w") as out:
+        while at + seq_len < len(text):
+            n = draw.randint(8, seq_len if draw.random() < 0.125 else seq_len // 2)
+            piece = text[at:at + n]
+            cut = draw.randint(n // 4, n // 2)
+            out.write(json.dumps({"prompt": piece[:cut], "completion": piece[cut:]}) + "\n")
+            at += n
+            count += 1
+    return count
 
 
 def losses(path):
@@ -76,20 +100,19 @@ def main():
                   tie_word_embeddings=True, hidden_act="silu", torch_dtype="float32")
     (work / "config.json").write_text(json.dumps(config))
     data = work / "data.tok"
-    run("tokenize", [programs["mt_tokenize"], "--output", data, *args.text], work / "tokenize.log", env)
-    tokens = (data.stat().st_size - 32) // 2  # MTTOKENS v2 with 2-byte ids and no mask
-    windows = (tokens - 1) // args.seq_len
-    if args.steps * args.batch_size > windows:
-        # Past an epoch's end the two runs would group windows differently (each drops its own partial batch).
-        fail(f"{args.steps} steps of {args.batch_size} sequences need {args.steps * args.batch_size} windows of "
-             f"{args.seq_len} tokens, and the text gives {windows}: give more text or fewer --steps")
-    common = ["--device", args.device, "--data", data, "--seq-len", args.seq_len, "--sample-tokens", 0,
-              "--progress", "lines", "--log-every", 1]
-    run("base model (mt_train, 20 steps)", [programs["mt_train"], *common, "--config", work / "config.json",
-        "--out", work / "base", "--steps", 20], work / "base.log", env)
+    run("tokenize (text)", [programs["mt_tokenize"], "--output", data, *args.text], work / "tokenize.log", env)
+    examples = work / "examples.jsonl"
+    count = write_examples(args.text, examples, args.seq_len)
+    sft = work / "sft.tok"
+    run(f"tokenize ({count} examples)", [programs["mt_tokenize"], "--format", "prompt-completion", "--output", sft,
+        examples], work / "tokenize_sft.log", env)
+    common = ["--device", args.device, "--seq-len", args.seq_len, "--sample-tokens", 0, "--progress", "lines",
+              "--log-every", 1]
+    run("base model (mt_train, 20 steps)", [programs["mt_train"], *common, "--data", data, "--config",
+        work / "config.json", "--out", work / "base", "--steps", 20], work / "base.log", env)
 
-    lora = [programs["mt_lora"], *common, "--base", work / "base", "--r", 8, "--alpha", 16, "--steps", args.steps,
-            "--lr", "2e-3", "--warmup", 10]
+    lora = [programs["mt_lora"], *common, "--data", sft, "--base", work / "base", "--r", 8, "--alpha", 16,
+            "--steps", args.steps, "--lr", "2e-3", "--warmup", 10]
     half = ["--batch-size", args.batch_size // 2, "--grad-accum", 2]
     # The budget: the smallest whole MiB between the planned peaks of `blocks` and `off` whose plan
     # recomputes some layers but not all.
@@ -109,11 +132,21 @@ def main():
     if budget_mib is None:
         fail(f"no budget between the planned peaks of blocks ({peaks['blocks']} GiB) and off ({peaks['off']} GiB) "
              "gives a plan that recomputes some layers but not all: give a larger --hidden or --seq-len")
-    plain = run("plain: one batch, no checkpointing", lora + ["--batch-size", args.batch_size, "--checkpoint", "off",
-                "--adapter-out", work / "a_plain", "--metrics", work / "plain.jsonl"], work / "plain.log", env)
-    mech = run(f"mechanisms: {args.batch_size // 2} x 2 micro-batches, --max-memory {budget_mib}MiB",
-               lora + half + ["--max-memory", f"{budget_mib}MiB", "--adapter-out", work / "a_mech",
-                              "--metrics", work / "mech.jsonl"], work / "mech.log", env)
+    plain = run("plain: one example per row, one batch, no checkpointing",
+                lora + ["--examples", "padded", "--batch-size", args.batch_size, "--checkpoint", "off",
+                        "--adapter-out", work / "a_plain", "--metrics", work / "plain.jsonl"], work / "plain.log", env)
+    rows = re.search(r"into ([0-9,]+) rows of", plain)
+    if not rows:
+        fail("mt_lora did not say how many packed rows an epoch has (see plain.log)")
+    if args.steps * args.batch_size > int(rows.group(1).replace(",", "")):
+        # Past an epoch's end the runs would group rows differently (each drops its own partial batch).
+        fail(f"{args.steps} steps of {args.batch_size} rows need more than the {rows.group(1)} packed rows the "
+             "examples give: give more text or fewer --steps")
+    mech = run(f"mechanisms: packed, {args.batch_size // 2} x 2 micro-batches, --max-memory {budget_mib}MiB",
+               lora + half + ["--examples", "packed", "--max-memory", f"{budget_mib}MiB", "--adapter-out",
+                              work / "a_mech", "--metrics", work / "mech.jsonl"], work / "mech.log", env)
+    packing = re.search(r"[0-9,]+ examples \([0-9,]+ tokens\) in .*?per epoch \([^)]*\)", mech)
+    print(f"lora_mechanisms: {packing.group(0) if packing else 'no packing described'}")
     plan = re.search(r"memory plan for \S+: .*", mech)
     print(f"lora_mechanisms: {plan.group(0) if plan else 'no plan printed'}")
     if not plan or "layers:" not in mech:
