@@ -3,6 +3,7 @@
 // indexes and shards named). Logits against transformers: tools/parity/llama_parity.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -268,10 +269,13 @@ void expect_packed_rows_equal_padded_rows(Device device, bool autocast, double t
   const std::vector<double> b = run([&] { return model.loss(i64(ids_p, 3), i64(targets_p, 3)); });
   EXPECT_NEAR(a[0], b[0], tol * std::abs(b[0])) << "the loss";
   EXPECT_LE(relative_l2(a, b), tol) << "the gradients";
-  // One segment id for the whole row lets the examples attend to each other: the loss changes.
+  // One segment id for the whole row lets the examples attend to each other: the loss changes. (In
+  // f32, where packed and padded agree to rounding; in this small random model the change is below
+  // bf16 autocast's tolerance.)
+  if (autocast) return;
   const PackedSequences joined{i64(positions, 2), i64(std::vector<double>(2 * T, 0), 2)};
   const std::vector<double> wrong = run([&] { return model.packed_loss(i64(ids, 2), i64(targets, 2), joined); });
-  EXPECT_GT(std::abs(wrong[0] - b[0]), 10 * tol * std::abs(b[0])) << "attention across examples must change the loss";
+  EXPECT_GT(std::abs(wrong[0] - b[0]), 1e-3 * std::abs(b[0])) << "attention across examples must change the loss";
 }
 
 TEST(Llama, PackedRowsGiveTheLossAndGradientsOfOneExamplePerRow) {
