@@ -377,8 +377,8 @@ double Trainer::Impl::evaluate() {
   return global_mean(weighted / counted);
 }
 
-// fp8_overflows (since the last record), fp8_scale_min and fp8_scale_max over every rank's
-// delayed-scaling states; nothing when there are none (current scaling, or no FP8 step yet).
+// fp8_overflows (since the last record), fp8_scale_min and fp8_scale_max over every rank's FP8
+// states (delayed scaling's, or current scaling's latest casts); nothing before the first FP8 step.
 void Trainer::Impl::record_fp8_health(Scalars& scalars) {
   const nn::Fp8Health health = nn::fp8_health(model);
   std::vector<double> sum = {static_cast<double>(health.overflows), static_cast<double>(health.states)};

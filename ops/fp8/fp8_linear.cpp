@@ -68,6 +68,7 @@ Cast cast(const Tensor& t, const Fp8Recipe& recipe, Fp8TensorState& state, DType
     const Fp8Scale s = current_scale(fp8_amax(t), format, recipe.margin);
     c.scale = s.scale;
     c.scale_inv = s.scale_inv;
+    state.last_scale = s.scale;
   }
   const Fp8Layout layout = as_is && transposed ? Fp8Layout::both
                            : transposed        ? Fp8Layout::transposed

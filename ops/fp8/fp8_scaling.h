@@ -63,6 +63,9 @@ struct Fp8TensorState {
   // i64 [1]: the updates that found a saturated cast, since the state was made. Not in
   // state_dict(): a health figure of the run (nn::fp8_health), not something a resume repeats.
   Tensor overflows;
+  // Current scaling keeps no state between casts; it leaves the latest cast's scale (f32 [1]) here,
+  // for nn::fp8_health. Its casts cannot saturate (the scale is fp8_max over the tensor's own amax).
+  Tensor last_scale;
 };
 
 struct Fp8Scale {

@@ -46,13 +46,23 @@ std::vector<const Fp8TensorState*> delayed_states(const Fp8LinearState& s) {
   return {&s.input, &s.weight, &s.grad_output};
 }
 
+// The states whose scale fp8_health reads: every delayed one, and the current ones that have cast.
+std::vector<const Fp8TensorState*> states_with_scales(const Fp8LinearState& s) {
+  if (s.recipe.scaling == Fp8Recipe::Scaling::delayed) return delayed_states(s);
+  std::vector<const Fp8TensorState*> cast;
+  for (const Fp8TensorState* t : {&s.input, &s.weight, &s.grad_output}) {
+    if (t->last_scale.defined()) cast.push_back(t);
+  }
+  return cast;
+}
+
 // `s` with its own copies of the state tensors and an empty weight cache: the copy casts its
 // weight again rather than trust an entry across a CUDA Graph's replays, which change the weights
 // without a new version (Note [FP8 weight cache]).
 std::shared_ptr<Fp8LinearState> detached_copy(const Fp8LinearState& s) {
   auto copy = std::make_shared<Fp8LinearState>(s);
   for (Fp8TensorState* t : {&copy->input, &copy->weight, &copy->grad_output}) {
-    for (Tensor* field : {&t->amax_history, &t->scale, &t->scale_inv, &t->overflows}) {
+    for (Tensor* field : {&t->amax_history, &t->scale, &t->scale_inv, &t->overflows, &t->last_scale}) {
       if (field->defined()) *field = raw::clone(*field);
     }
   }
@@ -111,7 +121,7 @@ Fp8Health fp8_health(const Module& module) {
   for (const auto& [path, linear] : linears(module)) {
     if (!linear->fp8_state) continue;
     ++health.layers;
-    const std::vector<const Fp8TensorState*> states = delayed_states(*linear->fp8_state);
+    const std::vector<const Fp8TensorState*> states = states_with_scales(*linear->fp8_state);
     if (states.empty()) continue;
     const Device device = linear->fp8_state->device;
     auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& d) { return d.first == device; });
@@ -122,8 +132,14 @@ Fp8Health fp8_health(const Module& module) {
     const auto n = static_cast<int64_t>(states.size());
     const Tensor values = empty({2 * n}, TensorOptions().dtype(DType::f64).device(device));
     for (int64_t i = 0; i < n; ++i) {
-      raw::narrow(values, 0, i, 1).copy_(states[static_cast<size_t>(i)]->scale);
-      raw::narrow(values, 0, n + i, 1).copy_(states[static_cast<size_t>(i)]->overflows);
+      const Fp8TensorState& state = *states[static_cast<size_t>(i)];
+      const bool delayed = state.scale.defined();
+      raw::narrow(values, 0, i, 1).copy_(delayed ? state.scale : state.last_scale);
+      if (delayed) {
+        raw::narrow(values, 0, n + i, 1).copy_(state.overflows);
+      } else {
+        raw::narrow(values, 0, n + i, 1).fill_(0.0);  // current scaling: never saturated
+      }
     }
     const std::vector<double> host = values.to_vector<double>();
     for (int64_t i = 0; i < n; ++i) {

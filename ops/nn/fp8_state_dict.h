@@ -37,7 +37,7 @@ void load_fp8_state_dict(Module& module, const std::map<std::string, Tensor>& st
 // The delayed-scaling states of a model's FP8 layers, summed up (current scaling keeps none).
 struct Fp8Health {
   int64_t layers = 0;     // Linear layers with an FP8 state
-  int64_t states = 0;     // their delayed-scaling tensor states: x, W and dy, 3 a layer
+  int64_t states = 0;     // their tensor states with a scale: x, W and dy, 3 a layer (current scaling: once cast)
   int64_t overflows = 0;  // Fp8TensorState::overflows summed: saturated casts since the states were made
   double min_scale = std::numeric_limits<double>::quiet_NaN();  // over the states' scales; NaN without states
   double max_scale = std::numeric_limits<double>::quiet_NaN();

@@ -121,15 +121,24 @@ TEST(Fp8Health, SumsUpTheDelayedScalingStatesOfAModel) {
   EXPECT_EQ(sum, 1);
 }
 
-TEST(Fp8Health, CurrentScalingHasNoStatesToReport) {
+// Current scaling keeps no history, but each cast leaves its scale: the report is the scales of the
+// latest x, W and dy casts (fp8_max over each tensor's own amax) and no saturation.
+TEST(Fp8Health, CurrentScalingReportsTheLatestCastsScales) {
   Generator gen(2);
   GPT model(fp8_gpt_config(), &gen);
+  EXPECT_TRUE(std::isnan(fp8_health(model).min_scale)) << "nothing cast yet";
   step(model, Fp8Recipe::current());
   const Fp8Health health = fp8_health(model);
   EXPECT_EQ(health.layers, 8);
-  EXPECT_EQ(health.states, 0);
+  EXPECT_EQ(health.states, 3 * 8);
   EXPECT_EQ(health.overflows, 0);
-  EXPECT_TRUE(std::isnan(health.min_scale));
+  const Linear* first = linears_of(model)[0];
+  const double weight_scale = first->fp8_state->weight.last_scale.to(kCPU).to_vector<double>()[0];
+  const double weight_amax = max(abs(first->weight.detach())).to(kCPU).item();
+  EXPECT_NEAR(weight_scale, 448.0 / weight_amax, 1e-5 * weight_scale) << "E4M3's max over the weight's amax";
+  EXPECT_LE(health.min_scale, weight_scale);
+  EXPECT_GE(health.max_scale, weight_scale);
+  EXPECT_LT(health.min_scale, health.max_scale) << "x, W and dy have scales of their own";
 }
 
 // Everything of a layer's state the guard must leave alone, as values.
