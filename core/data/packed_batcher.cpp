@@ -7,28 +7,16 @@
 #include "core/error.h"
 
 namespace mt::data {
-namespace {
-
-void check_options(const std::string& name, const BatcherOptions& options) {
-  const int64_t B = options.batch_size(), T = options.seq_len(), W = options.world_size();
-  MT_CHECK(B >= 1, "PackedBatcher: ", name, ": batch_size must be at least 1, got ", B);
-  MT_CHECK(T >= 1, "PackedBatcher: ", name, ": seq_len must be at least 1, got ", T);
-  MT_CHECK(W >= 1, "PackedBatcher: ", name, ": world_size must be at least 1, got ", W);
-  MT_CHECK(options.rank() >= 0 && options.rank() < W, "PackedBatcher: ", name, ": rank ", options.rank(),
-           " is outside [0, world_size ", W, ")");
-}
-
-}  // namespace
 
 PackedBatcher::PackedBatcher(const TokenFile& file, const BatcherOptions& options)
     : name_(file.path()), shards_{&file}, options_(options) {
-  check_options(name_, options);
+  options.check("PackedBatcher", name_);
   count_examples();
 }
 
 PackedBatcher::PackedBatcher(const TokenCorpus& corpus, const BatcherOptions& options)
     : name_(corpus.source()), options_(options) {
-  check_options(name_, options);
+  options.check("PackedBatcher", name_);
   for (const TokenFile& shard : corpus.shards()) shards_.push_back(&shard);
   count_examples();
 }

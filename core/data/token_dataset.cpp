@@ -6,28 +6,24 @@
 #include "core/error.h"
 
 namespace mt::data {
-namespace {
 
-void check_options(const std::string& name, const BatcherOptions& options) {
-  const int64_t B = options.batch_size(), T = options.seq_len(), W = options.world_size();
-  MT_CHECK(B >= 1, "TokenBatcher: ", name, ": batch_size must be at least 1, got ", B);
-  MT_CHECK(T >= 1, "TokenBatcher: ", name, ": seq_len must be at least 1, got ", T);
-  MT_CHECK(W >= 1, "TokenBatcher: ", name, ": world_size must be at least 1, got ", W);
-  MT_CHECK(options.rank() >= 0 && options.rank() < W, "TokenBatcher: ", name, ": rank ", options.rank(),
-           " is outside [0, world_size ", W, ")");
+void BatcherOptions::check(const char* batcher, const std::string& source) const {
+  const int64_t B = batch_size_, T = seq_len_, W = world_size_;
+  MT_CHECK(B >= 1, batcher, ": ", source, ": batch_size must be at least 1, got ", B);
+  MT_CHECK(T >= 1, batcher, ": ", source, ": seq_len must be at least 1, got ", T);
+  MT_CHECK(W >= 1, batcher, ": ", source, ": world_size must be at least 1, got ", W);
+  MT_CHECK(rank_ >= 0 && rank_ < W, batcher, ": ", source, ": rank ", rank_, " is outside [0, world_size ", W, ")");
 }
-
-}  // namespace
 
 TokenBatcher::TokenBatcher(const TokenFile& file, const BatcherOptions& options)
     : name_(file.path()), shards_{&file}, options_(options) {
-  check_options(name_, options);
+  options.check("TokenBatcher", name_);
   count_windows();
 }
 
 TokenBatcher::TokenBatcher(const TokenCorpus& corpus, const BatcherOptions& options)
     : name_(corpus.source()), options_(options) {
-  check_options(name_, options);
+  options.check("TokenBatcher", name_);
   for (const TokenFile& shard : corpus.shards()) shards_.push_back(&shard);
   count_windows();
 }

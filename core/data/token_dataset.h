@@ -67,6 +67,8 @@ class BatcherOptions {
   bool shuffle() const { return shuffle_; }
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
+  // Throws naming `batcher` and `source` when a size is below 1 or the rank is outside [0, world_size).
+  void check(const char* batcher, const std::string& source) const;
 
  private:
   int64_t batch_size_, seq_len_;

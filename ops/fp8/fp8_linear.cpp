@@ -68,7 +68,10 @@ Cast cast(const Tensor& t, const Fp8Recipe& recipe, Fp8TensorState& state, DType
     const Fp8Scale s = current_scale(fp8_amax(t), format, recipe.margin);
     c.scale = s.scale;
     c.scale_inv = s.scale_inv;
-    state.last_scale = s.scale;
+    // Kept for fp8_health, by reference (no copy per cast). A CUDA Graph capture may neither keep
+    // what it allocates nor free what was made before it, so a captured step leaves the scale of the
+    // last cast before the capture: its replays report that one.
+    if (!cuda::capturing()) state.last_scale = s.scale;
   }
   const Fp8Layout layout = as_is && transposed ? Fp8Layout::both
                            : transposed        ? Fp8Layout::transposed

@@ -64,7 +64,8 @@ struct Fp8TensorState {
   // state_dict(): a health figure of the run (nn::fp8_health), not something a resume repeats.
   Tensor overflows;
   // Current scaling keeps no state between casts; it leaves the latest cast's scale (f32 [1]) here,
-  // for nn::fp8_health. Its casts cannot saturate (the scale is fp8_max over the tensor's own amax).
+  // for nn::fp8_health (outside CUDA Graph captures: a captured step's replays leave the one before).
+  // Its casts cannot saturate (the scale is fp8_max over the tensor's own amax).
   Tensor last_scale;
 };
 
