@@ -106,6 +106,12 @@ check lora_fp8_base_merged "mt_lora: --merged-out merges the adapter into the ba
   "${lora[@]}" --base "$w/model" --data "$w/a.tok" --base-dtype fp8 --merged-out "$w/merged_out"
 check lora_targets_match_nothing "apply_lora: no module matches the targets [q_proj]" "${lora[@]}" \
   --base "$w/model" --data "$w/a.tok" --targets q_proj
+check lora_packed_gpt "mt_lora: --examples packed: gpt2 models do not implement packed sequences" "${lora[@]}" \
+  --base "$w/model" --data "$w/a.tok" --examples packed
+check lora_padded_without_example_starts "records no example starts, so its examples cannot be packed apart" \
+  "${lora[@]}" --base "$w/model" --data "$w/a.tok" --examples padded
+check examples_layout_unknown "mt_lora: --examples: expected stream, packed or padded, got rows" "${lora[@]}" \
+  --base "$w/model" --data "$w/a.tok" --examples rows
 check empty_prompt "generate: the prompt is empty" "${generate[@]}" --model "$w/model" --prompt ""
 check top_p_zero "mt_generate: --top-p: expected a number above 0, at most 1, got 0" "${generate[@]}" \
   --model "$w/model" --top-p 0
