@@ -4,6 +4,7 @@
 #include "ops/attention/attention.h"
 #include "ops/attention/document_mask_kernels.h"
 #include "ops/common.h"
+#include "ops/map.h"
 
 namespace mt {
 
