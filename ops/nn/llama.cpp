@@ -219,18 +219,19 @@ Tensor Llama::forward_cached(const Tensor& ids, KVCache& cache) const {
 }
 
 Tensor Llama::packed_loss(const Tensor& ids, const Tensor& targets, const PackedSequences& packed) const {
-  const auto scope = trace_scope();
-  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "Llama::packed_loss: targets ", shape_str(targets.shape()),
-             " must have the shape of ids ", shape_str(ids.shape()));
-  const Tensor hidden = model->forward(ids, nullptr, &packed);
-  return linear_cross_entropy(reshape(hidden, {-1, config_.hidden_size}), lm_head_weight(), reshape(targets, {-1}));
+  return token_loss("Llama::packed_loss", ids, targets, &packed);
 }
 
 Tensor Llama::loss(const Tensor& ids, const Tensor& targets) const {
+  return token_loss("Llama::loss", ids, targets, nullptr);
+}
+
+Tensor Llama::token_loss(const char* what, const Tensor& ids, const Tensor& targets,
+                         const PackedSequences* packed) const {
   const auto scope = trace_scope();
-  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
+  MT_CHECK_T(ShapeError, targets.shape() == ids.shape(), what, ": targets ", shape_str(targets.shape()),
              " must have the shape of ids ", shape_str(ids.shape()));
-  const Tensor hidden = model->forward(ids);
+  const Tensor hidden = model->forward(ids, nullptr, packed);
   return linear_cross_entropy(reshape(hidden, {-1, config_.hidden_size}), lm_head_weight(), reshape(targets, {-1}));
 }
 

@@ -121,6 +121,8 @@ class Llama : public CausalLM {
   std::shared_ptr<Linear> lm_head;  // null when tied; fp8_excluded (the head stays bf16 under FP8)
 
  private:
+  // Mean cross-entropy over targets != -100, of plain or packed rows; `what` names the caller in errors.
+  Tensor token_loss(const char* what, const Tensor& ids, const Tensor& targets, const PackedSequences* packed) const;
   LlamaConfig config_;
 };
 
