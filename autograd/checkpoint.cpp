@@ -1,6 +1,7 @@
 #include "autograd/checkpoint.h"
 
 #include <utility>
+#include <vector>
 
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
@@ -16,13 +17,14 @@ namespace mt {
 
 namespace {
 
-thread_local int t_segment_depth = 0;  // in_checkpointed_segment()
+// The passes of the segments this thread is running, innermost last: true for a recomputation.
+thread_local std::vector<bool> t_segment_passes;
 
-// Counts a segment's pass for in_checkpointed_segment() while it lives.
+// Records a segment's pass for in_checkpointed_segment() and in_recomputation() while it lives.
 class SegmentPass {
  public:
-  SegmentPass() { ++t_segment_depth; }
-  ~SegmentPass() { --t_segment_depth; }
+  explicit SegmentPass(bool recomputation) { t_segment_passes.push_back(recomputation); }
+  ~SegmentPass() { t_segment_passes.pop_back(); }
   SegmentPass(const SegmentPass&) = delete;
   SegmentPass& operator=(const SegmentPass&) = delete;
 };
@@ -78,7 +80,7 @@ class ModuleScopeAgain {
 class CheckpointBackward : public autograd::Node {
  public:
   CheckpointBackward(CheckpointFn fn, const std::vector<Tensor>& inputs, RngState rng, AutocastState autocast)
-      : fn_(std::move(fn)), rng_(std::move(rng)), autocast_(autocast) {
+      : fn_(std::move(fn)), rng_(std::move(rng)), autocast_(autocast), rebuild_saved_(is_rebuild_saved_enabled()) {
     for (const Tensor& t : inputs) {
       saved_.emplace_back(t);
       input_requires_grad_.push_back(autograd::requires_grad(t));
@@ -136,7 +138,8 @@ class CheckpointBackward : public autograd::Node {
       GradModeGuard grad_on(true);
       AutocastGuard cpu(DeviceType::cpu, autocast_.cpu_dtype, autocast_.cpu_enabled);
       AutocastGuard cuda(DeviceType::cuda, autocast_.cuda_dtype, autocast_.cuda_enabled);
-      const SegmentPass pass;
+      const RebuildSavedGuard rebuild(rebuild_saved_);
+      const SegmentPass pass(/*recomputation=*/true);
       outputs = fn_(inputs);
     } catch (...) {
       now.restore();
@@ -164,6 +167,7 @@ class CheckpointBackward : public autograd::Node {
   std::vector<bool> input_requires_grad_;
   RngState rng_;
   AutocastState autocast_;
+  bool rebuild_saved_;  // RebuildSavedGuard's state in the forward
 };
 
 }  // namespace
@@ -178,7 +182,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;
-    const SegmentPass pass;
+    const SegmentPass pass(/*recomputation=*/false);
     outputs = fn(inputs);
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -192,7 +196,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   return outputs;
 }
 
-bool in_checkpointed_segment() { return t_segment_depth > 0; }
+bool in_checkpointed_segment() { return !t_segment_passes.empty(); }
+
+bool in_recomputation() { return !t_segment_passes.empty() && t_segment_passes.back(); }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
   MT_CHECK(fn != nullptr, "checkpoint: the segment function is empty");

@@ -25,6 +25,7 @@
 // - An op whose state moves on at each call refuses to run in a segment (in_checkpointed_segment):
 //   FP8 autocast's Linear layers (ops/fp8/fp8_linear.h), whose recomputation could not repeat the
 //   first pass's scales.
+// - The recomputation runs under the forward's RebuildSavedGuard state (autograd/grad_mode.h).
 // Under NoGradGuard (evaluation) checkpoint just calls fn.
 // The recomputation is a range named "checkpoint recompute" (core/nvtx.h) while ranges are on.
 #pragma once
@@ -46,5 +47,13 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 // Whether this thread is running a segment's function with recording to come: its first,
 // unrecorded pass or its recomputation in backward (not the plain call under NoGradGuard).
 bool in_checkpointed_segment();
+
+// Whether this thread is re-running a segment in backward (its innermost segment's pass is the
+// recomputation). Only the graph of that run is used: the outputs are the roots of the inner
+// backward and their values are never read, so the segment may leave unwritten an output that
+// no op inside it reads, through an op that records itself without computing its values
+// (OutputValues::unread, ops/matmul/matmul.h): a Llama layer's MLP output, which only the next
+// layer's add reads.
+bool in_recomputation();
 
 }  // namespace mt

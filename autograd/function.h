@@ -55,6 +55,16 @@ class LambdaNode : public Node {
   std::vector<Tensor> apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) override;
   void release_saved() override;
 
+  // Makes output `output` rebuildable (Node::can_rebuild_output): `fn` computes it again from the
+  // node's saved tensors, bit for bit; rebuild_output runs it once, without recording.
+  using RebuildFn = std::function<Tensor(const LambdaNode&)>;
+  void set_rebuild(uint32_t output, RebuildFn fn) {
+    rebuild_output_nr_ = output;
+    rebuild_ = std::move(fn);
+  }
+  bool can_rebuild_output(uint32_t i) const override { return rebuild_ && i == rebuild_output_nr_; }
+  Tensor rebuild_output(uint32_t i) const override;
+
   // Saves t for the backward under `name`, which must outlive the node (a string literal)
   // and be new to it. An undefined t saves nothing: the forward passes one for a tensor that
   // only gradients nobody asked for would read.
@@ -72,6 +82,9 @@ class LambdaNode : public Node {
   std::string name_;
   Fn fn_;
   AddingFn adding_fn_;
+  RebuildFn rebuild_;
+  uint32_t rebuild_output_nr_ = 0;
+  mutable Tensor rebuilt_;  // rebuild_output's result, until release_saved
   // What fn reads, freed after backward; a few entries, searched in order.
   std::vector<std::pair<std::string_view, SavedTensor>> saved_;
 };

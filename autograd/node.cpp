@@ -4,6 +4,7 @@
 
 #include "autograd/anomaly.h"
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "autograd/profiler.h"
 #include "core/view.h"
 
@@ -41,8 +42,37 @@ Node::~Node() {
   draining = false;
 }
 
+namespace {
+
+// The node that can rebuild t, saved under RebuildSavedGuard: t must be that node's output as it
+// came out (contiguous, never written to since) for the rebuilt values to be t's.
+AutogradMeta* rebuildable(const Tensor& t) {
+  if (!is_rebuild_saved_enabled() || t.version() != 0 || !t.is_contiguous()) return nullptr;
+  AutogradMeta* m = meta_if_exists(t);
+  if (m == nullptr || !m->grad_fn || !m->grad_fn->can_rebuild_output(m->output_nr)) return nullptr;
+  const std::vector<TensorMeta>& outputs = m->grad_fn->output_meta;
+  if (m->output_nr >= outputs.size() || outputs[m->output_nr].shape != t.shape() ||
+      outputs[m->output_nr].dtype != t.dtype()) {
+    return nullptr;
+  }
+  return m;
+}
+
+}  // namespace
+
+Tensor Node::rebuild_output(uint32_t i) const {
+  MT_INTERNAL_ASSERT(false, "autograd: ", name(), " cannot rebuild its output ", i);
+  return Tensor();
+}
+
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
+  if (AutogradMeta* m = rebuildable(t)) {
+    rebuild_ = true;
+    producer_ = m->grad_fn;
+    output_nr_ = m->output_nr;
+    return;
+  }
   auto impl = std::make_shared<TensorImpl>(*t.impl());
   impl->autograd_meta = nullptr;  // data only: no history (see node.h)
   data_ = Tensor(std::move(impl));
@@ -52,6 +82,12 @@ SavedTensor::SavedTensor(const Tensor& t) {
 Tensor SavedTensor::unpack(const Node& owner) const {
   MT_CHECK(!owner.released, "backward: trying to backward through the graph a second time: ", owner.name(),
            " has already freed its saved tensors; pass retain_graph=true to the first backward()");
+  if (rebuild_) {
+    const std::shared_ptr<Node> producer = producer_.lock();
+    MT_INTERNAL_ASSERT(producer != nullptr, "autograd: ", owner.name(),
+                       " reads a rebuilt tensor whose producing node is gone");
+    return producer->rebuild_output(output_nr_);
+  }
   MT_CHECK(data_.defined(), "backward: ", owner.name(), " reads a tensor that was never saved (an internal error)");
   MT_CHECK(data_.version() == version_, "backward: a tensor saved by ", owner.name(),
            " for its gradient was modified in place afterwards (version ", version_, " at save, ", data_.version(),
@@ -177,6 +213,18 @@ std::vector<Tensor> LambdaNode::apply_adding(std::vector<Tensor>&& grad_outputs,
 
 void LambdaNode::release_saved() {
   for (auto& entry : saved_) entry.second.reset();
+  rebuilt_ = Tensor();
+}
+
+// Made once for every node that saved the output (a norm's feeds q, k and v) and kept until this
+// node's backward: those nodes run before it.
+Tensor LambdaNode::rebuild_output(uint32_t i) const {
+  MT_INTERNAL_ASSERT(can_rebuild_output(i), "autograd: ", name_, " cannot rebuild its output ", i);
+  if (!rebuilt_.defined()) {
+    NoGradGuard no_grad;
+    rebuilt_ = rebuild_(*this);
+  }
+  return rebuilt_;
 }
 
 void LambdaNode::save(std::string_view name, const Tensor& t) {

@@ -40,6 +40,12 @@ struct TensorMeta {
   static TensorMeta of(const Tensor& t) { return TensorMeta{t.shape(), t.dtype(), t.device()}; }
 };
 
+//
+// Under RebuildSavedGuard (autograd/grad_mode.h) a tensor whose producing node can rebuild it
+// (Node::can_rebuild_output) is saved as that node and output number instead: a weak reference,
+// so still no ownership; the producer lives while this node does, through this node's edges,
+// and runs its backward only after this node's. unpack() asks the producer, which rebuilds it once
+// for all the nodes that saved it and keeps it until its own backward is done.
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -47,12 +53,19 @@ class SavedTensor {
   // The saved data; throws if it was modified in place since it was saved or if
   // the graph has been freed.
   Tensor unpack(const Node& owner) const;
-  void reset() { data_ = Tensor(); }
-  bool defined() const { return data_.defined(); }
+  void reset() {
+    data_ = Tensor();
+    producer_.reset();
+  }
+  bool defined() const { return data_.defined() || rebuild_; }
+  bool is_rebuilt() const { return rebuild_; }  // saved as its producer's recipe
 
  private:
   Tensor data_;
   uint64_t version_ = 0;
+  bool rebuild_ = false;
+  std::weak_ptr<Node> producer_;
+  uint32_t output_nr_ = 0;
 };
 
 class Node : public std::enable_shared_from_this<Node> {
@@ -80,6 +93,15 @@ class Node : public std::enable_shared_from_this<Node> {
     (void)sums;
     return apply(std::move(grad_outputs));
   }
+
+  // Whether output i can be made again, bit for bit, from what this node saves for its backward
+  // anyway, cheaply (an elementwise pass): SavedTensor then keeps the recipe under
+  // RebuildSavedGuard. rebuild_output gives it, made without recording before this node's backward.
+  virtual bool can_rebuild_output(uint32_t i) const {
+    (void)i;
+    return false;
+  }
+  virtual Tensor rebuild_output(uint32_t i) const;
 
   // Is a gradient needed for input i? Lets apply() skip work nobody asked for.
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }

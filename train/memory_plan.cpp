@@ -37,18 +37,22 @@ std::vector<Projection> projections(const nn::LlamaConfig& c) {
 // Note [Activation bytes of a Llama layer]: what the ops of one layer keep for backward under bf16
 // autocast, per token (ops/norm, ops/attention, ops/matmul, ops/elementwise/swiglu):
 //   each RMSNorm (fp32 policy): the residual sum in f32 (4C) and its rstd (4); its bf16 output (2C),
-//     which the projections after it keep as their input
+//     which the projections after it keep as their input, under checkpointing rebuilt in backward
+//     from the sum instead (RebuildSavedGuard, autograd/grad_mode.h)
 //   attention (cuDNN): q and k after RoPE, v (2Q + 4KV), the output, which o_proj keeps as its input
 //     (2Q, a view of it), and the row statistics (4 per query head)
-//   SwiGLU: gate and up (4I) and its output, down_proj's input (2I)
+//   SwiGLU: gate and up (4I) and its output, down_proj's input (2I), which under checkpointing is
+//     rebuilt in backward from gate and up instead
 //   LoRA: each adapted projection's x A^T (2r)
 // A recomputed layer keeps its f32 input (4C) alone and rebuilds the rest in backward.
-int64_t layer_bytes_per_token(const nn::LlamaConfig& c, const TrainingShape& shape) {
+int64_t layer_bytes_per_token(const nn::LlamaConfig& c, const TrainingShape& shape, bool checkpointing) {
   const int64_t C = c.hidden_size, Q = c.num_attention_heads * c.dim_per_head(),
                 KV = c.num_key_value_heads * c.dim_per_head(), I = c.intermediate_size, H = c.num_attention_heads;
   int64_t adapted = 0;
   for (const Projection& p : projections(c)) adapted += targeted(shape, p.name) ? 1 : 0;
-  return 2 * (4 * C + 4 + 2 * C) + (2 * Q + 4 * KV) + 2 * Q + 4 * H + 6 * I + adapted * 2 * shape.lora_r;
+  const int64_t norm_output = checkpointing ? 0 : 2 * C, swiglu_output = checkpointing ? 0 : 2 * I;
+  return 2 * (4 * C + 4 + norm_output) + (2 * Q + 4 * KV) + 2 * Q + 4 * H + 4 * I + swiglu_output +
+         adapted * 2 * shape.lora_r;
 }
 
 // Gradients in flight during one layer's backward, per token: at SwiGLU's backward the gradient of
@@ -129,7 +133,8 @@ MemoryEstimate estimate_training_memory(const nn::LlamaConfig& config, const Tra
   e.recomputed_layers = recomputed_layers(layers, checkpointing);
   e.weights = weight_bytes(config, shape);
   e.trainable = trainable_bytes(config, shape);
-  const int64_t full_layer = layer_bytes_per_token(config, shape) * tokens;
+  const bool checkpointed = nn::GPTCheckpointing::parse(checkpointing).mode != nn::GPTCheckpointing::Mode::off;
+  const int64_t full_layer = layer_bytes_per_token(config, shape, checkpointed) * tokens;
   e.activations = (layers - e.recomputed_layers) * full_layer + e.recomputed_layers * 4 * config.hidden_size * tokens;
   // A recomputed layer's rebuilt activations never add to the peak: when backward reaches it, the
   // layers after it (the last one, kept whole, among them) have freed theirs.

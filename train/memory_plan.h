@@ -8,8 +8,9 @@
 //   trainable    per trained parameter: the f32 value, its gradient, AdamW's two moments, and the
 //                bf16 copy autocast reads (18 bytes)
 //   activations  what backward keeps per layer and token: a layer run as it is keeps its inputs to
-//                each op that needs one (Note [Activation bytes of a Llama layer]); a recomputed
-//                layer keeps its f32 input alone
+//                each op that needs one (Note [Activation bytes of a Llama layer]), under
+//                checkpointing but the norm and SwiGLU outputs it rebuilds; a recomputed layer
+//                keeps its f32 input alone
 //   transient    the larger of the LM head's chunk of logits (at the end of forward) and the
 //                gradients in flight in one layer's backward (a recomputed layer's rebuilt
 //                activations take the place of those the layers after it have freed)

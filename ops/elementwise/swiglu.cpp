@@ -63,6 +63,11 @@ Tensor swiglu(const Tensor& gate_in, const Tensor& up_in) {
         });
     node->save("gate", gate);
     node->save("up", up);
+    // The output is one pass over what the node keeps anyway: a projection saving it as its input
+    // may keep this recipe instead (autograd::RebuildSavedGuard).
+    node->set_rebuild(0, [](const autograd::LambdaNode& self) {
+      return forward(self.saved_tensor("gate"), self.saved_tensor("up"));
+    });
     autograd::record(node, {gate_in, up_in}, {out});
   }
   return out;

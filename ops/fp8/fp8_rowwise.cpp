@@ -267,7 +267,8 @@ Tensor fp8_rowwise_linear(const Tensor& x_in, const Tensor& weight_q, const Tens
 }
 
 Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_q, const Tensor& weight_scale_inv,
-                       const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in, double scale) {
+                       const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in, double scale,
+                       OutputValues values) {
   const char* op = "fp8_lora_linear";
   // x and h as any op's inputs; the parameters' copies recorded as nothing (as lora_linear's).
   const std::vector<Tensor> cast = autocast::cast_inputs(op, {x_in, h_in});
@@ -293,10 +294,15 @@ Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& wei
   DType dtype = promote_types(promote_types(x.dtype(), h.dtype()), promote_types(lora_a.dtype(), lora_b.dtype()));
   if (bias.defined()) dtype = promote_types(dtype, bias.dtype());
   const int64_t m = leading_rows(x);
-  Tensor y = base_forward(op, raw::reshape(x, {m, k}), weight_q, weight_scale_inv, bias, gemm_dtype(dtype));
-  y = raw::narrow(y, 0, 0, m);  // [M, N], contiguous: the padding rows are the last ones
-  if (y.dtype() != dtype) y = raw::to(y, dtype);
-  const Tensor t = ops::lora_branch_forward(y, h, lora_a, lora_b, scale, dtype);  // adds onto y
+  Tensor y;
+  if (values == OutputValues::computed) {
+    y = base_forward(op, raw::reshape(x, {m, k}), weight_q, weight_scale_inv, bias, gemm_dtype(dtype));
+    y = raw::narrow(y, 0, 0, m);  // [M, N], contiguous: the padding rows are the last ones
+    if (y.dtype() != dtype) y = raw::to(y, dtype);
+  } else {
+    y = empty({m, n}, TensorOptions().dtype(dtype).device(x.device()));
+  }
+  const Tensor t = ops::lora_branch_forward(y, h, lora_a, lora_b, scale, dtype, values);  // adds onto y
   const Tensor out = raw::reshape(y, leading_dims_and(x, n));
 
   const std::vector<Tensor> inputs = {x, h, bias_in, a_in, b_in};  // what the node records

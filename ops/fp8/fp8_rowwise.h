@@ -35,6 +35,7 @@
 
 #include "core/tensor.h"
 #include "ops/fp8/fp8.h"
+#include "ops/matmul/matmul.h"
 
 namespace mt {
 
@@ -78,7 +79,9 @@ Tensor fp8_rowwise_linear(const Tensor& x, const Tensor& weight_q, const Tensor&
 // The adapter's GEMMs run in the promoted dtype of x, h, the bias and the factors (the autocast
 // dtype under autocast, which treats the op as linear). Gradients: dx as fp8_rowwise_linear's, and
 // the adapter's as lora_linear's (dB = scale g^T t, dt = scale g B, dA = dt^T h, dh = dt A).
+// With OutputValues::unread, recorded with its output unwritten, as lora_linear.
 Tensor fp8_lora_linear(const Tensor& x, const Tensor& h, const Tensor& weight_q, const Tensor& weight_scale_inv,
-                       const Tensor& bias, const Tensor& lora_a, const Tensor& lora_b, double scale);
+                       const Tensor& bias, const Tensor& lora_a, const Tensor& lora_b, double scale,
+                       OutputValues values = OutputValues::computed);
 
 }  // namespace mt

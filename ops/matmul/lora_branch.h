@@ -4,14 +4,15 @@
 
 #include "autograd/function.h"
 #include "core/tensor.h"
+#include "ops/matmul/matmul.h"
 
 namespace mt::ops {
 
 // t [P, r] = h A^T, then out [P, N] += scale * t B^T by that GEMM itself (alpha scale, beta 1): no
 // separate adapter output, scaling or sum. h [..., K] with P rows; lora_a [r, K]; lora_b [N, r];
-// every operand read in `dtype`, which out has. Returns t.
+// every operand read in `dtype`, which out has. Returns t. With OutputValues::unread, t alone.
 Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b, double scale,
-                           DType dtype);
+                           DType dtype, OutputValues values);
 
 // Saves on `node` what the branch's gradients read, only for those wanted: t for dB, h for dA,
 // B for dA and dh (both go through dt = scale dy B), A for dh.

@@ -595,10 +595,11 @@ Tensor linear_gelu_forward(const Tensor& h, const LinearOperands& o, DType dtype
 namespace ops {
 
 Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b, double scale,
-                           DType dtype) {
+                           DType dtype, OutputValues values) {
   const int64_t p = out.size(0), in = lora_a.size(1), r = lora_a.size(0);
   const Tensor t = empty({p, r}, TensorOptions().dtype(dtype).device(out.device()));
   linear_forward(raw::unsqueeze(t, 0), h, lora_a, Tensor(), dtype, p, in);
+  if (values == OutputValues::unread) return t;
   GemmArgs accumulate;
   accumulate.transpose_b = Transpose::yes;
   accumulate.alpha = scale;
@@ -656,13 +657,14 @@ LoraBranchGrads lora_branch_backward(const Tensor& dy, const LambdaNode& self, c
 
 }  // namespace ops
 
-Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, OutputValues values) {
   const LinearOperands o = linear_operands("linear", x_in, weight_in, bias_in);
   const DType dtype = check_linear("linear", o.x, o.w, o.b);
   const int64_t in = o.w.size(1), out_features = o.w.size(0);
   const int64_t p = leading_rows(o.x);
   Tensor out = empty(leading_dims_and(o.x, out_features), TensorOptions().dtype(dtype).device(o.x.device()));
-  linear_forward(raw::view(out, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in);
+  if (values == OutputValues::computed)
+    linear_forward(raw::view(out, {1, p, out_features}), o.x, o.w, o.b, dtype, p, in);
 
   if (autograd::needs_grad({o.x, o.weight, o.bias})) {
     auto node = std::make_shared<LambdaNode>(
@@ -765,7 +767,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
 }
 
 Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_in, const Tensor& bias_in,
-                   const Tensor& a_in, const Tensor& b_in, double scale) {
+                   const Tensor& a_in, const Tensor& b_in, double scale, OutputValues values) {
   // x and h as any op's inputs; the parameters' copies recorded as nothing (LinearOperands).
   const std::vector<Tensor> cast = autocast::cast_inputs("lora_linear", {x_in, h_in});
   const std::vector<Tensor> copies = autocast::operand_copies("lora_linear", {weight_in, bias_in, a_in, b_in});
@@ -791,8 +793,8 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
   const int64_t p = leading_rows(x);
   Tensor out = empty(leading_dims_and(x, out_features), TensorOptions().dtype(dtype).device(x.device()));
   const Tensor out3 = raw::view(out, {1, p, out_features});
-  linear_forward(out3, x, weight, bias, dtype, p, in);
-  const Tensor t = ops::lora_branch_forward(raw::view(out, {p, out_features}), h, lora_a, lora_b, scale, dtype);
+  if (values == OutputValues::computed) linear_forward(out3, x, weight, bias, dtype, p, in);
+  const Tensor t = ops::lora_branch_forward(raw::view(out, {p, out_features}), h, lora_a, lora_b, scale, dtype, values);
 
   const std::vector<Tensor> inputs = {x, h, weight_in, bias_in, a_in, b_in};  // what the node records
   if (autograd::needs_grad(inputs)) {

@@ -25,14 +25,21 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // a [B, M, K] @ b [B, K, N] -> [B, M, N]; no broadcasting.
 Tensor bmm(const Tensor& a, const Tensor& b);
 
+// Whether an op writes its output (computed), or only records itself for backward, its output
+// allocated and left unwritten (unread): for a checkpointed segment's recomputation whose output
+// no op reads (mt::in_recomputation, autograd/checkpoint.h). Only ops whose backward never reads
+// their own output take it; their gradients are the same either way.
+enum class OutputValues { computed, unread };
+
 // y = x W^T + b.
 //   x      [..., in]  (any number of leading dims, including none)
 //   weight [out, in]
 //   bias   [out] or undefined (no bias)
 //   y      [..., out]
 // Gradients: dx = dy W, dW = dy^T x and db = sum of dy over the leading dims,
-// with the leading dims of x and dy flattened into one.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// with the leading dims of x and dy flattened into one. OutputValues::unread: recorded, y unwritten.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              OutputValues values = OutputValues::computed);
 
 // h = gelu_tanh(x W^T + b): linear and the GELU (tanh form, as gelu(..., tanh)) as one op,
 // the first layer of a transformer MLP. Shapes as linear's; the bias is required.
@@ -70,8 +77,9 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 //   weight [out, in], bias [out] or undefined, lora_a [r, in], lora_b [out, r]
 // Gradients: the base's as linear's; dB = scale g^T t, dt = scale g B, dA = dt^T h,
 // dh = dt A (each only when needed; with h the same tensor as x the two sum).
-// Autocast treats it as linear.
+// Autocast treats it as linear. With OutputValues::unread the op is recorded as ever, but its
+// output is left unwritten: only t = h A^T, which dB reads, is computed.
 Tensor lora_linear(const Tensor& x, const Tensor& h, const Tensor& weight, const Tensor& bias, const Tensor& lora_a,
-                   const Tensor& lora_b, double scale);
+                   const Tensor& lora_b, double scale, OutputValues values = OutputValues::computed);
 
 }  // namespace mt

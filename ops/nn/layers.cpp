@@ -87,6 +87,12 @@ Tensor Linear::forward(const Tensor& x) const {
   return fp8_linear(x, weight, bias, fp8_state);
 }
 
+Tensor Linear::forward_unread(const Tensor& x) const {
+  if (has_fp8_weight() || runs_fp8(x)) return forward(x);
+  const auto scope = trace_scope();
+  return linear(x, weight, bias, OutputValues::unread);
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator) {
   MT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings, " x ", dim);
   weight = register_parameter("weight", init_normal({num_embeddings, dim}, 1.0, generator));

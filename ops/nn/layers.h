@@ -43,6 +43,11 @@ class Linear : public Module {
   // leaves it) and is registered frozen, the factors as the buffer "weight_scale_inv".
   Linear(const Tensor& weight, const Tensor& bias, const Tensor& weight_scale_inv = Tensor());
   virtual Tensor forward(const Tensor& x) const;  // [..., in] -> [..., out]
+  // forward(x) for a checkpointed segment's recomputation that never reads the output
+  // (mt::in_recomputation): the same op recorded, the same gradients, the output left unwritten
+  // and the GEMM skipped (OutputValues::unread). FP8 layers compute it: FP8 autocast's refuse to
+  // run in a segment, and an FP8 weight without an adapter has no gradient to record.
+  virtual Tensor forward_unread(const Tensor& x) const;
   // Whether forward(x) runs in FP8: the weight is FP8, or FP8 autocast is on for x's device and the
   // layer is not excluded. Models that fuse a Linear's GEMM into a bigger op (MLP's mlp_gelu) ask
   // this first.

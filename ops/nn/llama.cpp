@@ -105,9 +105,10 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator* g) {
   register_module("down_proj", down_proj, projection(c.intermediate_size, c.hidden_size, false, g));
 }
 
-Tensor LlamaMLP::forward(const Tensor& x) const {
+Tensor LlamaMLP::forward(const Tensor& x, OutputValues values) const {
   const auto scope = trace_scope();
-  return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  const Tensor h = swiglu(gate_proj->forward(x), up_proj->forward(x));
+  return values == OutputValues::unread ? down_proj->forward_unread(h) : down_proj->forward(h);
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
@@ -119,13 +120,14 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator* g) {
 }
 
 AddNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope,
-                                   const TokenLayout& layout, Tensor* cached_k, Tensor* cached_v) const {
+                                   const TokenLayout& layout, Tensor* cached_k, Tensor* cached_v,
+                                   OutputValues mlp_output) const {
   const auto scope = trace_scope();
   const AddNorm in =
       pending.defined() ? input_layernorm->forward_add(x, pending) : AddNorm{x, input_layernorm->forward(x)};
   const AddNorm mid =
       post_attention_layernorm->forward_add(in.sum, self_attn->forward(in.normed, rope, layout, cached_k, cached_v));
-  return {mid.sum, mlp->forward(mid.normed)};
+  return {mid.sum, mlp->forward(mid.normed, mlp_output)};
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& c, Generator* g)
@@ -153,6 +155,11 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache, const PackedSequen
     cache->keys.resize(layers.size());
     cache->values.resize(layers.size());
   }
+  // Under checkpointing, activation memory is what limits: the SwiGLU outputs the down
+  // projections keep for their adapters' gradients are rebuilt in backward instead (a fifth of a
+  // kept layer's bytes, for one elementwise pass).
+  const RebuildSavedGuard rebuild_saved(is_rebuild_saved_enabled() ||
+                                        checkpointing.mode != GPTCheckpointing::Mode::off);
   AddNorm stream{embed_tokens->forward(ids), Tensor()};  // {residual stream, MLP output not yet added}
   const TokenLayout layout = packed != nullptr ? packed_layout(*packed, ids, stream.sum) : TokenLayout{past};
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -165,7 +172,9 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache, const PackedSequen
       // The segment holds the layer and the rotary table themselves, never this model.
       const std::vector<Tensor> out = mt::checkpoint(
           [layer = layers[i], rotary = rotary_, layout](const std::vector<Tensor>& in) {
-            const AddNorm o = layer->forward(in[0], Tensor(), *rotary, layout);
+            // Recomputed, the MLP output is only a root of the layer's backward: never written.
+            const OutputValues mlp_output = mt::in_recomputation() ? OutputValues::unread : OutputValues::computed;
+            const AddNorm o = layer->forward(in[0], Tensor(), *rotary, layout, nullptr, nullptr, mlp_output);
             return std::vector<Tensor>{o.sum, o.normed};
           },
           {x});

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/random.h"
+#include "ops/matmul/matmul.h"
 #include "ops/nn/causal_lm.h"
 #include "ops/nn/gpt.h"
 #include "ops/nn/layers.h"
@@ -50,7 +51,9 @@ class LlamaAttention : public Module {
 class LlamaMLP : public Module {
  public:
   LlamaMLP(const LlamaConfig& config, Generator* generator);
-  Tensor forward(const Tensor& x) const;  // down_proj(swiglu(gate_proj(x), up_proj(x))): silu(gate) * up
+  // down_proj(swiglu(gate_proj(x), up_proj(x))): silu(gate) * up; with OutputValues::unread, the
+  // down projection recorded with its output unwritten (Linear::forward_unread).
+  Tensor forward(const Tensor& x, OutputValues values = OutputValues::computed) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
@@ -60,9 +63,12 @@ class LlamaDecoderLayer : public Module {
   // The residual stream after this layer is x + pending + attention + MLP. `pending` (the layer
   // before's MLP output, or undefined) and the attention output are added by the norms after them
   // (add_rms_norm: one pass over the stream instead of two); the MLP output is returned as the
-  // next pending delta: {stream before it, MLP output}.
+  // next pending delta: {stream before it, MLP output}. A checkpointed layer's recomputation
+  // passes OutputValues::unread for that MLP output, which nothing in the layer reads: its down
+  // projection's GEMM (the base GEMM, under LoRA) is then skipped, a quarter of the layer's GEMMs.
   AddNorm forward(const Tensor& x, const Tensor& pending, const RotaryEmbedding& rope, const TokenLayout& layout,
-                  Tensor* cached_k = nullptr, Tensor* cached_v = nullptr) const;
+                  Tensor* cached_k = nullptr, Tensor* cached_v = nullptr,
+                  OutputValues mlp_output = OutputValues::computed) const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;

@@ -287,14 +287,18 @@ LoRALinear::LoRALinear(const Linear& base, const LoRAOptions& options, std::stri
   lora_B = register_module("lora_B", std::make_shared<Linear>(zeros({out, options_.r}, like), Tensor()));
 }
 
-Tensor LoRALinear::forward(const Tensor& x) const {
+Tensor LoRALinear::forward(const Tensor& x) const { return forward_as(x, OutputValues::computed); }
+
+Tensor LoRALinear::forward_unread(const Tensor& x) const { return forward_as(x, OutputValues::unread); }
+
+Tensor LoRALinear::forward_as(const Tensor& x, OutputValues values) const {
   const auto scope = trace_scope();
   if (merged_) return linear(x, weight, bias);                   // [..., out]
   const Tensor h = dropout(x, options_.dropout, is_training());  // x itself when p = 0 or in eval
   // One op: the adapter's product is added onto the base's output by its last GEMM.
-  const Tensor y = has_fp8_weight()
-                       ? fp8_lora_linear(x, h, weight, weight_scale_inv, bias, lora_A->weight, lora_B->weight, scale_)
-                       : lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_);
+  const Tensor y = has_fp8_weight() ? fp8_lora_linear(x, h, weight, weight_scale_inv, bias, lora_A->weight,
+                                                      lora_B->weight, scale_, values)
+                                    : lora_linear(x, h, weight, bias, lora_A->weight, lora_B->weight, scale_, values);
   // Outside autocast, f32 factors over a half-precision base would widen the layer's output and
   // everything after it: the output keeps the base's dtype, as the layer without adapters (PEFT too).
   // An FP8 base computes in x's dtype.

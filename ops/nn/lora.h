@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "ops/matmul/matmul.h"
 #include "ops/nn/adapter_config.h"
 #include "ops/nn/layers.h"
 
@@ -46,6 +47,7 @@ class LoRALinear : public Linear {
   LoRALinear(const Linear& base, const LoRAOptions& options, std::string path, Generator* generator = nullptr);
 
   Tensor forward(const Tensor& x) const override;  // [..., in] -> [..., out]
+  Tensor forward_unread(const Tensor& x) const override;
 
   // See Note [LoRA merge precision]. Merging a merged layer, or unmerging an
   // unmerged one, is an error; so is merging into an FP8 base (check_mergeable).
@@ -67,6 +69,7 @@ class LoRALinear : public Linear {
 
  private:
   Tensor delta() const;  // scale * (B A) [out, in] in the merge dtype, on W's device
+  Tensor forward_as(const Tensor& x, OutputValues values) const;
 
   LoRAOptions options_;
   std::string path_;

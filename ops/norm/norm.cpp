@@ -192,6 +192,17 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
     node->save("mean", mean);  // undefined (nothing saved) for RMS norm
   }
   if (want_x) node->save("weight", w);
+  if (kind == NormKind::rms && want_x) {
+    // The output is one pass over the saved input (the sum, for add_rms_norm) and weight: the
+    // projections that save it as their input may keep this recipe instead (RebuildSavedGuard).
+    // The same kernel on the same f32 values, so the same output bit for bit.
+    node->set_rebuild(residual ? 1 : 0, [eps, out_dtype, shape = x.shape()](const LambdaNode& self) {
+      const Tensor y_again = norm_op(NormKind::rms, self.saved_tensor("x"), Tensor(), self.saved_tensor("weight"),
+                                     Tensor(), eps, out_dtype)
+                                 .y;
+      return raw::view(y_again, shape);
+    });
+  }
   std::vector<Tensor> recorded_outputs;
   if (residual) recorded_outputs.push_back(outputs.sum);
   recorded_outputs.push_back(outputs.y);

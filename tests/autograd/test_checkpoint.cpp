@@ -135,9 +135,10 @@ TEST(Checkpoint, UnderNoGradItJustRunsTheSegment) {
 // in_checkpointed_segment(): on in the first pass and in the recomputation, off outside them and
 // under NoGradGuard (where checkpoint just calls the function).
 TEST(Checkpoint, SaysWhenASegmentIsRunning) {
-  std::vector<bool> seen;
+  std::vector<bool> seen, recomputing;
   const auto segment = [&](const Tensor& t) {
     seen.push_back(in_checkpointed_segment());
+    recomputing.push_back(in_recomputation());
     return exp(t);
   };
   EXPECT_FALSE(in_checkpointed_segment());
@@ -150,11 +151,30 @@ TEST(Checkpoint, SaysWhenASegmentIsRunning) {
     checkpoint(segment, x);
   }
   EXPECT_EQ(seen, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(recomputing, (std::vector<bool>{false, true, false}));
   EXPECT_FALSE(in_checkpointed_segment());
   const std::string msg =
       error_message_of([&] { checkpoint([](const Tensor&) -> Tensor { throw Error("inside"); }, x); });
   EXPECT_EQ(msg, "inside");
   EXPECT_FALSE(in_checkpointed_segment()) << "an exception leaves the segment";
+}
+
+// A segment nested in another's recomputation runs its own first pass there: its outputs are read.
+TEST(Checkpoint, OnlyTheInnermostPassCountsAsTheRecomputation) {
+  std::vector<bool> outer, inner;
+  const auto inner_segment = [&](const Tensor& t) {
+    inner.push_back(in_recomputation());
+    return exp(t);
+  };
+  const auto outer_segment = [&](const Tensor& t) {
+    outer.push_back(in_recomputation());
+    return checkpoint(inner_segment, t);
+  };
+  Tensor x = ones({3}).requires_grad_();
+  sum(checkpoint(outer_segment, x)).backward();
+  EXPECT_EQ(outer, (std::vector<bool>{false, true}));
+  EXPECT_EQ(inner, (std::vector<bool>{false, false, true}));  // its first passes, then its own recomputation
+  EXPECT_FALSE(in_recomputation());
 }
 
 TEST(Checkpoint, IntegerOutputsAreRejected) {

@@ -9,10 +9,13 @@
 
 #include "autograd/autocast.h"
 #include "core/safetensors.h"
+#include "ops/nn/fp8_base.h"
 #include "ops/nn/hf_checkpoint.h"
 #include "ops/nn/llama.h"
+#include "ops/nn/lora.h"
 #include "ops/nn/parameter_init.h"
 #include "ops/ops.h"
+#include "tests/nn/lora_test_util.h"
 #include "tests/nn/tiny_llama.h"
 #include "tests/test_util.h"
 
@@ -116,14 +119,26 @@ TEST(Llama, KvCacheStepsGiveTheLogitsOfTheWholeSequenceAndTheSameGreedyTokens) {
 // Layers recomputed in backward (blocks, blocks:2) give the loss and every gradient of the plain
 // run, bit for bit on the CPU and within bf16 autocast's rounding on CUDA (the recomputation's
 // GEMMs may take other cuBLASLt algorithms); 'selective' is refused naming the model type.
-void expect_checkpointing_changes_nothing(Device device, bool autocast, double tol) {
+// With LoRA on all seven projections over a frozen base, the recomputation leaves each MLP's
+// output unwritten (OutputValues::unread) and every SwiGLU output is rebuilt in backward: the
+// adapters' gradients are still those of the plain run.
+enum class Base { full, lora, lora_fp8 };  // trained whole; LoRA over a frozen bf16/f32 or FP8 base
+
+void expect_checkpointing_changes_nothing(Device device, bool autocast, double tol, Base base = Base::full) {
   LlamaConfig c = tiny_llama_config();
   c.hidden_size = 64;
   c.num_attention_heads = 4;  // head_dim 16: cuDNN's fused attention on CUDA
   c.num_key_value_heads = 2;
   c.num_hidden_layers = 4;
+  c.intermediate_size = 48;  // FP8 GEMMs take sides that are multiples of 16
   Generator init(3);
   Llama model(c, &init);
+  if (base != Base::full) {
+    apply_lora(model, lora_test::lora_options(
+                          4, 8, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+    lora_test::randomize_b(model);  // else every dA is zero
+    if (base == Base::lora_fp8) EXPECT_EQ(quantize_linears_fp8(model).size(), 28u);
+  }
   model.to(device);
   Generator data(4);
   const Tensor ids = uniform({2, 12}, 0, 37, {}, &data).to(DType::i64).to(device);
@@ -141,7 +156,7 @@ void expect_checkpointing_changes_nothing(Device device, bool autocast, double t
     loss.backward();
     losses.push_back(loss.item());
     std::vector<double> grads;
-    for (const Tensor& p : model.parameters()) {
+    for (const Tensor& p : model.trainable_parameters()) {
       for (const double v : p.grad().to_vector<double>()) grads.push_back(v);
     }
     runs.push_back(grads);
@@ -207,6 +222,15 @@ TEST(Llama, CheckpointedLayersGiveTheSameLossAndGradients) {
 TEST(Llama, CudaCheckpointedLayersGiveTheSameLossAndGradientsUnderAutocast) {
   MT_SKIP_WITHOUT_CUDA();
   expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2);
+}
+TEST(Llama, CheckpointedLoraLayersGiveTheSameLossAndAdapterGradients) {
+  expect_checkpointing_changes_nothing(kCPU, /*autocast=*/false, 0.0, Base::lora);
+  expect_checkpointing_changes_nothing(kCPU, /*autocast=*/false, 0.0, Base::lora_fp8);
+}
+TEST(Llama, CudaCheckpointedLoraLayersGiveTheSameLossAndAdapterGradientsUnderAutocast) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2, Base::lora);
+  expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2, Base::lora_fp8);
 }
 
 // Packed rows: three examples (6, 5 and 4 tokens) packed into two rows of 10 positions, against the

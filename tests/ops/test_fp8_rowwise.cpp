@@ -465,6 +465,32 @@ void expect_lora_is_base_plus_branch(Device device) {
 
 TEST(Fp8LoraLinear, IsTheBaseOpPlusLoraLinearsBranch) { expect_lora_is_base_plus_branch(kCPU); }
 
+// OutputValues::unread records fp8_lora_linear as ever, its output left unwritten: from the same
+// upstream gradient every gradient is the computed op's, bit for bit (linear's and lora_linear's:
+// tests/ops/test_matmul.cpp).
+void expect_unread_output_gives_the_same_gradients(Device device) {
+  const int64_t k = 32, n = 48, r = 4;
+  const Fp8RowQuantized wq = quantize_fp8_rows(leaf({n, k}, 0.05, 81, device).detach());
+  const auto run = [&](OutputValues values) {
+    Tensor x = leaf({3, 5, k}, 1.0, 83, device), a = leaf({r, k}, 0.1, 84, device), b = leaf({n, r}, 0.1, 85, device);
+    const Tensor y = fp8_lora_linear(x, x, wq.data, wq.scale_inv, Tensor(), a, b, 2.0, values);
+    EXPECT_EQ(y.shape(), (Shape{3, 5, n}));
+    Generator gen(86);
+    y.backward(randn(y.shape(), DType::f32, &gen).to(device));
+    return std::vector<std::vector<float>>{x.grad().to_vector<float>(), a.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>()};
+  };
+  const auto computed = run(OutputValues::computed), unread = run(OutputValues::unread);
+  const char* names[] = {"dx", "dA", "dB"};
+  for (size_t i = 0; i < computed.size(); ++i) EXPECT_EQ(unread[i], computed[i]) << names[i] << " on " << device.str();
+}
+
+TEST(Fp8LoraLinear, AnUnreadOutputGivesTheSameGradients) { expect_unread_output_gives_the_same_gradients(kCPU); }
+TEST(Fp8LoraLinearCuda, AnUnreadOutputGivesTheSameGradients) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_unread_output_gives_the_same_gradients(Device("cuda"));
+}
+
 TEST(Fp8LoraLinear, ErrorsNameTheProblem) {
   const Tensor x = zeros({4, 32});
   const Fp8RowQuantized wq = quantize_fp8_rows(leaf({48, 32}, 0.05, 71, kCPU).detach());

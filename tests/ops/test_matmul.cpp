@@ -318,6 +318,39 @@ TEST(Linear, GradientOnlyForInputsThatRequireIt) {
   expect_close(b.grad().to_vector<double>(), sum(dy, {0, 1}).to_vector<double>(), 1e-13);
 }
 
+// OutputValues::unread records linear and lora_linear as ever, their outputs left unwritten: from
+// the same upstream gradient every gradient is the computed op's, bit for bit.
+void expect_unread_output_gives_the_same_gradients(const Device& device) {
+  for (const bool lora : {false, true}) {
+    const auto run = [&](OutputValues values) {
+      Tensor x = random({3, 5, 32}, DType::f32, 81).to(device).requires_grad_();
+      Tensor w = random({48, 32}, DType::f32, 82).to(device).requires_grad_();
+      Tensor a = random({4, 32}, DType::f32, 83).to(device).requires_grad_();
+      Tensor b = random({48, 4}, DType::f32, 84).to(device).requires_grad_();
+      const Tensor bias = random({48}, DType::f32, 85).to(device);
+      const Tensor y = lora ? lora_linear(x, x, w.detach(), bias, a, b, 2.0, values) : linear(x, w, bias, values);
+      EXPECT_EQ(y.shape(), (Shape{3, 5, 48}));
+      y.backward(random({3, 5, 48}, DType::f32, 86).to(device));
+      std::vector<std::vector<float>> grads{x.grad().to_vector<float>()};
+      for (const Tensor& p : lora ? std::vector<Tensor>{a, b} : std::vector<Tensor>{w}) {
+        grads.push_back(p.grad().to_vector<float>());
+      }
+      return grads;
+    };
+    const auto computed = run(OutputValues::computed), unread = run(OutputValues::unread);
+    for (size_t i = 0; i < computed.size(); ++i) {
+      EXPECT_EQ(unread[i], computed[i]) << (lora ? "lora_linear" : "linear") << " gradient " << i << " on "
+                                        << device.str();
+    }
+  }
+}
+
+TEST(Linear, AnUnreadOutputGivesTheSameGradients) { expect_unread_output_gives_the_same_gradients(kCPU); }
+TEST(MatmulCuda, AnUnreadLinearOutputGivesTheSameGradients) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_unread_output_gives_the_same_gradients(cuda_device(0));
+}
+
 // x is saved only for dW and W only for dx: an in-place change to an unsaved
 // input after the forward is harmless, one to a saved input is caught.
 TEST(Linear, SavesOnlyWhatTheRequestedGradientsRead) {
