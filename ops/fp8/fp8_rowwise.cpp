@@ -305,16 +305,18 @@ Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& wei
   const Tensor t = ops::lora_branch_forward(y, h, lora_a, lora_b, scale, dtype, values);  // adds onto y
   const Tensor out = raw::reshape(y, leading_dims_and(x, n));
 
-  const std::vector<Tensor> inputs = {x, h, bias_in, a_in, b_in};  // what the node records
+  // An adapter reading x itself records no input of its own: its dh is added into dx (lora_linear's).
+  const bool h_is_x = ops::adapter_reads_x(x, h);
+  const std::vector<Tensor> inputs = {x, h_is_x ? Tensor() : h, bias_in, a_in, b_in};  // what the node records
   if (autograd::needs_grad(inputs)) {
     auto node = std::make_shared<autograd::LambdaNode>(
-        "Fp8LoraLinearBackward", [m, n, scale](const std::vector<Tensor>& g, const autograd::LambdaNode& self) {
+        "Fp8LoraLinearBackward",
+        [m, n, k, scale, h_is_x](const std::vector<Tensor>& g, const autograd::LambdaNode& self) {
           const Tensor dy = raw::reshape(g[0], {m, n});
           Tensor dx, db;
-          if (self.needs_input_grad(0)) {
-            dx = raw::reshape(base_dgrad("fp8_lora_linear", dy, self.saved_tensor("weight_q"),
-                                         self.saved_tensor("weight_scale_inv"), self.input_meta[0].dtype),
-                              self.input_meta[0].shape);
+          if (self.needs_input_grad(0)) {  // in dy's dtype, which the dh GEMM adds in; the engine converts
+            dx = base_dgrad("fp8_lora_linear", dy, self.saved_tensor("weight_q"), self.saved_tensor("weight_scale_inv"),
+                            dy.dtype());
           }
           if (self.needs_input_grad(2)) db = ops::column_sums_f32(dy);  // [N], in f32
           ops::LoraBranchWanted want;
@@ -322,9 +324,11 @@ Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& wei
           want.a = self.needs_input_grad(3);
           want.b = self.needs_input_grad(4);
           want.h_shape = self.input_meta[1].shape;
+          if (h_is_x && dx.defined()) want.h_into = raw::view(dx, {m, k});
           want.a_dtype = self.input_meta[3].dtype;
           want.b_dtype = self.input_meta[4].dtype;
           const ops::LoraBranchGrads branch = ops::lora_branch_backward(dy, self, want, scale);
+          if (dx.defined()) dx = raw::reshape(dx, self.input_meta[0].shape);
           return std::vector<Tensor>{dx, branch.h, db, branch.a, branch.b};
         });
     // Saved: the FP8 weight (dx; the layer's own tensors), and the branch's (t for dB, h for dA,

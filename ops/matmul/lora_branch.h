@@ -15,13 +15,22 @@ Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lor
                            DType dtype, OutputValues values);
 
 // Saves on `node` what the branch's gradients read, only for those wanted: t for dB, h for dA,
-// B for dA and dh (both go through dt = scale dy B), A for dh.
+// B for dA and dh (both go through dt = scale dy B), A for dh. want_h: dh is wanted, returned or
+// added into x's gradient (LoraBranchWanted::h_into).
+
+// Whether a LoRA op's adapter reads its base's input itself (no dropout): the op then records h
+// as no input of its own and adds dh into dx (LoraBranchWanted::h_into).
+inline bool adapter_reads_x(const Tensor& x, const Tensor& h) { return x.impl_ptr() == h.impl_ptr(); }
 void save_lora_branch(autograd::LambdaNode& node, const Tensor& t, const Tensor& h, const Tensor& lora_a,
                       const Tensor& lora_b, bool want_h, bool want_a, bool want_b);
 
 struct LoraBranchWanted {
   bool h = false, a = false, b = false;
-  Shape h_shape;               // dh comes in this shape
+  Shape h_shape;  // dh comes in this shape
+  // Defined (a [P, K] tensor in dy's dtype): dh = scale dy B A is added into it by its GEMM (beta 1)
+  // instead of returned, for a layer whose adapter reads x itself: one gradient for x, not two that
+  // the engine would then sum.
+  Tensor h_into;
   DType a_dtype = DType::f32;  // dA and dB come in these dtypes where the GEMM can write them so
   DType b_dtype = DType::f32;
 };
@@ -31,7 +40,7 @@ struct LoraBranchGrads {
 };
 
 // From dy [P, N] (the GEMMs run in its dtype), with the tensors save_lora_branch kept:
-// dB = scale dy^T t, dt = scale dy B, dA = dt^T h, dh = dt A.
+// dB = scale dy^T t, dt = scale dy B, dA = dt^T h, dh = dt A (or want.h_into += dt A).
 LoraBranchGrads lora_branch_backward(const Tensor& dy, const autograd::LambdaNode& self, const LoraBranchWanted& want,
                                      double scale);
 

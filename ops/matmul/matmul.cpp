@@ -630,7 +630,7 @@ LoraBranchGrads lora_branch_backward(const Tensor& dy, const LambdaNode& self, c
     args.alpha = scale;
     gemm(raw::unsqueeze(grads.b, 0), raw::unsqueeze(dy, 0), raw::unsqueeze(t, 0), args);
   }
-  if (want.h || want.a) {
+  if (want.h || want.a || want.h_into.defined()) {
     // dt [P, r] = scale dy B
     const Tensor lora_b = as_dtype(self.saved_tensor("lora_b"), dtype);
     const int64_t r = lora_b.size(1);
@@ -646,6 +646,12 @@ LoraBranchGrads lora_branch_backward(const Tensor& dy, const LambdaNode& self, c
       dt_transposed.transpose_a = Transpose::yes;
       gemm(raw::unsqueeze(grads.a, 0), raw::unsqueeze(dt, 0), raw::unsqueeze(raw::reshape(h, {p, in}), 0),
            dt_transposed);
+    }
+    if (want.h_into.defined()) {  // h_into [P, in] += dt A
+      GemmArgs add;
+      add.beta = 1.0;
+      gemm(raw::unsqueeze(want.h_into, 0), raw::unsqueeze(dt, 0),
+           raw::unsqueeze(as_dtype(self.saved_tensor("lora_a"), dtype), 0), add);
     }
     if (want.h) {  // dh [P, in] = dt A
       grads.h =
@@ -766,6 +772,24 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, co
   return out;
 }
 
+namespace {
+
+// dx = dy W in x's shape, for lora_linear's backward: written into `held`, the engine's gradient for
+// x so far (a norm's output that q, k and v all read), by the GEMM itself (beta 1) when there is
+// one of dy's dtype (Node::apply_adding), instead of a second [P, in] tensor and a separate sum.
+Tensor lora_input_grad(const Tensor& dy, const Tensor& weight, const Tensor& held, const Shape& x_shape) {
+  const int64_t p = dy.size(0), in = weight.size(1);
+  const bool into_held = held.defined() && held.dtype() == dy.dtype() && held.is_contiguous();
+  const Tensor dx = into_held ? held : empty(x_shape, ops::options_of(dy));
+  GemmArgs args;
+  args.beta = into_held ? 1.0 : 0.0;
+  ops::gemm(raw::view(dx, {1, p, in}), raw::unsqueeze(dy, 0), raw::unsqueeze(ops::as_dtype(weight, dy.dtype()), 0),
+            args);
+  return dx;
+}
+
+}  // namespace
+
 Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_in, const Tensor& bias_in,
                    const Tensor& a_in, const Tensor& b_in, double scale, OutputValues values) {
   // x and h as any op's inputs; the parameters' copies recorded as nothing (LinearOperands).
@@ -796,25 +820,31 @@ Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_
   if (values == OutputValues::computed) linear_forward(out3, x, weight, bias, dtype, p, in);
   const Tensor t = ops::lora_branch_forward(raw::view(out, {p, out_features}), h, lora_a, lora_b, scale, dtype, values);
 
-  const std::vector<Tensor> inputs = {x, h, weight_in, bias_in, a_in, b_in};  // what the node records
+  // An adapter reading x itself records no input of its own: its dh is added into dx by a GEMM.
+  const bool h_is_x = ops::adapter_reads_x(x, h);
+  const std::vector<Tensor> inputs = {x, h_is_x ? Tensor() : h, weight_in, bias_in, a_in, b_in};  // recorded
   if (autograd::needs_grad(inputs)) {
     auto node = std::make_shared<LambdaNode>(
-        "LoraLinearBackward", [p, in, out_features, scale](const std::vector<Tensor>& g, const LambdaNode& self) {
+        "LoraLinearBackward",
+        [p, in, out_features, scale, h_is_x](const std::vector<Tensor>& g, const std::vector<Tensor>& sums,
+                                             const LambdaNode& self) {
           const Tensor dy = raw::reshape(g[0], {p, out_features});  // [P, out]
           LinearGrads base =
-              linear_backward(dy, self.saved_tensor_or_none("x"), self.saved_tensor_or_none("weight"),
-                              self.needs_input_grad(0), self.needs_input_grad(2), self.needs_input_grad(3), in,
-                              self.input_meta[2].dtype, self.input_meta[3].dtype);
+              linear_backward(dy, self.saved_tensor_or_none("x"), Tensor(), /*want_x=*/false, self.needs_input_grad(2),
+                              self.needs_input_grad(3), in, self.input_meta[2].dtype, self.input_meta[3].dtype);
+          const Tensor dx = self.needs_input_grad(0)
+                                ? lora_input_grad(dy, self.saved_tensor("weight"), sums[0], self.input_meta[0].shape)
+                                : Tensor();
           ops::LoraBranchWanted want;
           want.h = self.needs_input_grad(1);
           want.a = self.needs_input_grad(4);
           want.b = self.needs_input_grad(5);
           want.h_shape = self.input_meta[1].shape;
+          if (h_is_x && dx.defined()) want.h_into = raw::view(dx, {p, in});
           want.a_dtype = self.input_meta[4].dtype;
           want.b_dtype = self.input_meta[5].dtype;
           const ops::LoraBranchGrads branch = ops::lora_branch_backward(dy, self, want, scale);
-          if (base.x.defined()) base.x = base.x.reshape(self.input_meta[0].shape);
-          return std::vector<Tensor>{base.x, branch.h, base.weight, base.bias, branch.a, branch.b};
+          return std::vector<Tensor>{dx, branch.h, base.weight, base.bias, branch.a, branch.b};
         });
     // Saved: x (dW), W (dx), and the branch's (t for dB, h for dA, B for dA and dh, A for dh).
     if (autograd::requires_grad(weight_in)) node->save("x", x);

@@ -345,6 +345,50 @@ void expect_unread_output_gives_the_same_gradients(const Device& device) {
   }
 }
 
+// Three LoRA layers reading one x, as q, k and v read a norm's output, two of their adapters
+// reading x itself and one a separate h: each later layer's dx is added into the engine's
+// gradient for x by its GEMM, and each adapter's dh into its own dx. x's gradient is the sum of
+// dy_i W_i + scale dy_i B_i A_i over the layers reading x, h's the third adapter's alone.
+std::vector<std::vector<double>> lora_layers_sharing_an_input(const Device& device, DType dtype) {
+  Tensor x = random({2, 3, 8}, dtype, 91).to(device).requires_grad_();
+  Tensor h = random({2, 3, 8}, dtype, 92).to(device).requires_grad_();
+  Tensor loss;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor w = random({6, 8}, dtype, 93 + i).to(device);
+    const Tensor a = random({2, 8}, dtype, 96 + i).to(device), b = random({6, 2}, dtype, 99 + i).to(device);
+    const Tensor dy = random({2, 3, 6}, dtype, 102 + i).to(device);
+    const Tensor y = lora_linear(x, i == 2 ? h : x, w, Tensor(), a, b, 1.5);
+    loss = i == 0 ? sum(mul(y, dy)) : add(loss, sum(mul(y, dy)));
+  }
+  loss.backward();
+  return {x.grad().to(kCPU).to(DType::f64).to_vector<double>(), h.grad().to(kCPU).to(DType::f64).to_vector<double>()};
+}
+
+TEST(LoraLinear, LayersReadingOneInputAddTheirInputGradientsIntoOne) {
+  const std::vector<std::vector<double>> got = lora_layers_sharing_an_input(kCPU, DType::f64);
+  std::vector<double> want_x(48, 0.0), want_h(48, 0.0);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor w = random({6, 8}, DType::f64, 93 + i), a = random({2, 8}, DType::f64, 96 + i);
+    const Tensor b = random({6, 2}, DType::f64, 99 + i), dy = random({2, 3, 6}, DType::f64, 102 + i);
+    const std::vector<double> base = matmul(dy, w).to_vector<double>();
+    const std::vector<double> branch = mul(matmul(matmul(dy, b), a), 1.5).to_vector<double>();
+    for (size_t j = 0; j < 48; ++j) {
+      want_x[j] += base[j] + (i == 2 ? 0.0 : branch[j]);
+      if (i == 2) want_h[j] += branch[j];
+    }
+  }
+  expect_close(got[0], want_x, 1e-12);
+  expect_close(got[1], want_h, 1e-12);
+}
+
+TEST(MatmulCuda, LoraLayersReadingOneInputAddTheirInputGradientsIntoOne) {
+  MT_SKIP_WITHOUT_CUDA();
+  const std::vector<std::vector<double>> cpu = lora_layers_sharing_an_input(kCPU, DType::f32);
+  const std::vector<std::vector<double>> gpu = lora_layers_sharing_an_input(cuda_device(0), DType::f32);
+  expect_close(gpu[0], cpu[0], 1e-5);
+  expect_close(gpu[1], cpu[1], 1e-5);
+}
+
 TEST(Linear, AnUnreadOutputGivesTheSameGradients) { expect_unread_output_gives_the_same_gradients(kCPU); }
 TEST(MatmulCuda, AnUnreadLinearOutputGivesTheSameGradients) {
   MT_SKIP_WITHOUT_CUDA();
