@@ -198,7 +198,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
 
 bool in_checkpointed_segment() { return !t_segment_passes.empty(); }
 
-bool in_recomputation() { return !t_segment_passes.empty() && t_segment_passes.back(); }
+// Under NoGradGuard a segment is just called and pushes no pass: what runs then is not the
+// recomputation, whose outputs nobody reads, even inside one.
+bool in_recomputation() { return !t_segment_passes.empty() && t_segment_passes.back() && is_grad_enabled(); }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
   MT_CHECK(fn != nullptr, "checkpoint: the segment function is empty");

@@ -49,7 +49,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 bool in_checkpointed_segment();
 
 // Whether this thread is re-running a segment in backward (its innermost segment's pass is the
-// recomputation). Only the graph of that run is used: the outputs are the roots of the inner
+// recomputation, and grad mode is on). Only the graph of that run is used: the outputs are the roots of the inner
 // backward and their values are never read, so the segment may leave unwritten an output that
 // no op inside it reads, through an op that records itself without computing its values
 // (OutputValues::unread, ops/matmul/matmul.h): a Llama layer's MLP output, which only the next

@@ -84,7 +84,7 @@ class LambdaNode : public Node {
   AddingFn adding_fn_;
   RebuildFn rebuild_;
   uint32_t rebuild_output_nr_ = 0;
-  mutable Tensor rebuilt_;  // rebuild_output's result, until release_saved
+  mutable Tensor rebuilt_;  // rebuild_output's result, until this node's backward starts
   // What fn reads, freed after backward; a few entries, searched in order.
   std::vector<std::pair<std::string_view, SavedTensor>> saved_;
 };

@@ -201,13 +201,17 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
   }
 }
 
+// A rebuilt output is freed as this node's backward starts: every node that saved it has run,
+// and this one's formula never reads its own output (a second backward rebuilds it again).
 std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grad_outputs) {
+  rebuilt_ = Tensor();
   if (adding_fn_) return adding_fn_(grad_outputs, std::vector<Tensor>(next_edges.size()), *this);
   return fn_(grad_outputs, *this);
 }
 
 std::vector<Tensor> LambdaNode::apply_adding(std::vector<Tensor>&& grad_outputs, const std::vector<Tensor>& sums) {
   if (!adding_fn_) return apply(std::move(grad_outputs));
+  rebuilt_ = Tensor();
   return adding_fn_(grad_outputs, sums, *this);
 }
 
@@ -217,7 +221,7 @@ void LambdaNode::release_saved() {
 }
 
 // Made once for every node that saved the output (a norm's feeds q, k and v) and kept until this
-// node's backward: those nodes run before it.
+// node's backward starts: those nodes run before it.
 Tensor LambdaNode::rebuild_output(uint32_t i) const {
   MT_INTERNAL_ASSERT(can_rebuild_output(i), "autograd: ", name_, " cannot rebuild its output ", i);
   if (!rebuilt_.defined()) {

@@ -45,7 +45,7 @@ struct TensorMeta {
 // (Node::can_rebuild_output) is saved as that node and output number instead: a weak reference,
 // so still no ownership; the producer lives while this node does, through this node's edges,
 // and runs its backward only after this node's. unpack() asks the producer, which rebuilds it once
-// for all the nodes that saved it and keeps it until its own backward is done.
+// for all the nodes that saved it and keeps it until its own backward starts.
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -55,6 +55,7 @@ class SavedTensor {
   Tensor unpack(const Node& owner) const;
   void reset() {
     data_ = Tensor();
+    rebuild_ = false;
     producer_.reset();
   }
   bool defined() const { return data_.defined() || rebuild_; }

@@ -133,9 +133,15 @@ MemoryEstimate estimate_training_memory(const nn::LlamaConfig& config, const Tra
   e.recomputed_layers = recomputed_layers(layers, checkpointing);
   e.weights = weight_bytes(config, shape);
   e.trainable = trainable_bytes(config, shape);
-  const bool checkpointed = nn::GPTCheckpointing::parse(checkpointing).mode != nn::GPTCheckpointing::Mode::off;
+  const nn::GPTCheckpointing parsed = nn::GPTCheckpointing::parse(checkpointing);
+  const bool checkpointed = parsed.mode != nn::GPTCheckpointing::Mode::off;
   const int64_t full_layer = layer_bytes_per_token(config, shape, checkpointed) * tokens;
   e.activations = (layers - e.recomputed_layers) * full_layer + e.recomputed_layers * 4 * config.hidden_size * tokens;
+  // Over a frozen embedding the first layer's input norm records nothing (no input or weight needs
+  // a gradient), so its output, which q, k and v save, cannot be rebuilt: kept, it is kept whole.
+  if (checkpointed && shape.lora_r > 0 && !parsed.recomputes(0, layers)) {
+    e.activations += 2 * config.hidden_size * tokens;
+  }
   // A recomputed layer's rebuilt activations never add to the peak: when backward reaches it, the
   // layers after it (the last one, kept whole, among them) have freed theirs.
   e.transient = std::max(head_bytes(config, shape, tokens), backward_bytes_per_token(config) * tokens);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "autograd/anomaly.h"
 #include "autograd/autocast.h"
 #include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
@@ -172,8 +173,10 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache, const PackedSequen
       // The segment holds the layer and the rotary table themselves, never this model.
       const std::vector<Tensor> out = mt::checkpoint(
           [layer = layers[i], rotary = rotary_, layout](const std::vector<Tensor>& in) {
-            // Recomputed, the MLP output is only a root of the layer's backward: never written.
-            const OutputValues mlp_output = mt::in_recomputation() ? OutputValues::unread : OutputValues::computed;
+            // Recomputed, the MLP output is only a root of the layer's backward: never written
+            // (but under anomaly detection, which checks every output recorded).
+            const OutputValues mlp_output =
+                mt::in_recomputation() && !detect_anomaly_enabled() ? OutputValues::unread : OutputValues::computed;
             const AddNorm o = layer->forward(in[0], Tensor(), *rotary, layout, nullptr, nullptr, mlp_output);
             return std::vector<Tensor>{o.sum, o.normed};
           },

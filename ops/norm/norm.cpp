@@ -197,8 +197,8 @@ NormOutputs norm_op(NormKind kind, const Tensor& x, const Tensor& delta, const T
     // projections that save it as their input may keep this recipe instead (RebuildSavedGuard).
     // The same kernel on the same f32 values, so the same output bit for bit.
     node->set_rebuild(residual ? 1 : 0, [eps, out_dtype, shape = x.shape()](const LambdaNode& self) {
-      const Tensor y_again = norm_op(NormKind::rms, self.saved_tensor("x"), Tensor(), self.saved_tensor("weight"),
-                                     Tensor(), eps, out_dtype)
+      const Tensor y_again = norm_op(NormKind::rms, self.saved_tensor("x"), Tensor(),
+                                     self.saved_tensor_or_none("weight"), Tensor(), eps, out_dtype)
                                  .y;
       return raw::view(y_again, shape);
     });

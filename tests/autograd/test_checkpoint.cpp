@@ -177,6 +177,25 @@ TEST(Checkpoint, OnlyTheInnermostPassCountsAsTheRecomputation) {
   EXPECT_FALSE(in_recomputation());
 }
 
+// A segment called under NoGradGuard inside a recomputation just runs: its outputs are read.
+TEST(Checkpoint, ASegmentCalledWithoutGradInARecomputationIsNotOne) {
+  std::vector<bool> inner;
+  const auto inner_segment = [&](const Tensor& t) {
+    inner.push_back(in_recomputation());
+    return exp(t);
+  };
+  const auto outer_segment = [&](const Tensor& t) {
+    {
+      NoGradGuard no_grad;
+      checkpoint(inner_segment, t);
+    }
+    return exp(t);
+  };
+  Tensor x = ones({3}).requires_grad_();
+  sum(checkpoint(outer_segment, x)).backward();
+  EXPECT_EQ(inner, (std::vector<bool>{false, false}));
+}
+
 TEST(Checkpoint, IntegerOutputsAreRejected) {
   Tensor x = ones({3}).requires_grad_();
   const std::string msg =

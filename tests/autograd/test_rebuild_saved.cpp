@@ -23,13 +23,15 @@ const std::vector<std::pair<std::string, Producer>>& producers() {
       {"swiglu", [](const Tensor& a, const Tensor& b) { return swiglu(a, b); }},
       {"rms_norm", [](const Tensor& a, const Tensor& b) { return rms_norm(mul(a, b), ones({8})); }},
       {"add_rms_norm", [](const Tensor& a, const Tensor& b) { return add_rms_norm(a, b, ones({8}), 1e-5).normed; }},
+      {"rms_norm without weight", [](const Tensor& a, const Tensor& b) { return rms_norm(add(a, b), Tensor()); }},
   };
   return all;
 }
 
 struct Outcome {
   std::vector<float> loss, da, db, dw;
-  bool output_freed = false;  // the producer's output was gone before backward
+  bool output_freed = false;     // the producer's output was gone before backward
+  std::vector<bool> rebuilding;  // is_rebuild_saved_enabled() at each run of the layer
 };
 
 // loss = sum(y * y), y = linear(produce(a, b), w), optionally as one checkpointed segment.
@@ -39,7 +41,9 @@ Outcome run(const Producer& produce, bool rebuild, bool checkpointed) {
   Tensor b = randn({6, 8}, DType::f32, &g).requires_grad_();
   Tensor w = randn({5, 8}, DType::f32, &g).requires_grad_();
   std::weak_ptr<Storage> output;
+  Outcome o;
   const auto layer = [&](const std::vector<Tensor>& in) {
+    o.rebuilding.push_back(is_rebuild_saved_enabled());
     const Tensor h = produce(in[0], in[1]);
     output = h.storage();
     return std::vector<Tensor>{linear(h, w)};  // saves h for dW
@@ -49,7 +53,6 @@ Outcome run(const Producer& produce, bool rebuild, bool checkpointed) {
     const RebuildSavedGuard guard(rebuild);
     y = checkpointed ? checkpoint(layer, {a, b})[0] : layer({a, b})[0];
   }
-  Outcome o;
   o.output_freed = output.expired();
   const Tensor loss = sum(mul(y, y));
   loss.backward();
@@ -82,8 +85,10 @@ TEST(RebuildSaved, ACheckpointedSegmentRecomputesUnderTheForwardsState) {
   for (const auto& [name, produce] : producers()) {
     const Outcome plain = run(produce, /*rebuild=*/false, /*checkpointed=*/false);
     for (const bool rebuild : {false, true}) {
-      expect_same_gradients(run(produce, rebuild, /*checkpointed=*/true), plain,
-                            name + (rebuild ? ", rebuilt" : ", kept"));
+      const Outcome o = run(produce, rebuild, /*checkpointed=*/true);
+      expect_same_gradients(o, plain, name + (rebuild ? ", rebuilt" : ", kept"));
+      // The first pass and the recomputation in backward, outside the guard, under its state.
+      EXPECT_EQ(o.rebuilding, std::vector<bool>(2, rebuild)) << name;
     }
   }
 }
