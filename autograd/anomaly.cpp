@@ -13,12 +13,13 @@ namespace {
 
 std::atomic<bool> g_detect_anomaly{false};
 
-// "NaN" or "inf" for the first non-finite element of a floating tensor, else nullptr.
-const char* first_non_finite(const Tensor& t) {
+// "NaN" or "inf" for the first non-finite element of a floating tensor (NaN only, when infinities
+// are allowed), else nullptr.
+const char* first_non_finite(const Tensor& t, bool infinities_allowed = false) {
   if (!t.defined() || !is_floating(t.dtype())) return nullptr;
   for (double v : t.to_vector<double>()) {
     if (std::isnan(v)) return "NaN";
-    if (std::isinf(v)) return "inf";
+    if (std::isinf(v) && !infinities_allowed) return "inf";
   }
   return nullptr;
 }
@@ -33,7 +34,7 @@ namespace autograd::anomaly {
 void check_forward_outputs(const Node& node, const std::vector<Tensor>& outputs) {
   if (!detect_anomaly_enabled()) return;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (const char* found = first_non_finite(outputs[i])) {
+    if (const char* found = first_non_finite(outputs[i], node.infinite_outputs_by_design)) {
       throw Error(mt::detail::str_cat("anomaly: forward of '", autograd::forward_op_name(node), "' produced ", found,
                                       " in output ", i, " (", shape_str(outputs[i].shape()), " ",
                                       dtype_name(outputs[i].dtype()), ")"));

@@ -6,8 +6,10 @@
 // recorded, and the gradients every backward node returns as they are returned. The first
 // non-finite value raises mt::Error naming the direction, the op ("log" forward, its node
 // "logBackward" backward), the output or input index, its shape and dtype, and whether
-// NaN or inf was found. Each check reads the tensor back to the host: a tool for finding where a
-// loss went NaN, not for training speed. Off by default; the setting is process-wide.
+// NaN or inf was found. An op whose infinities come from its own arguments (masked_fill with -inf,
+// attention's causal mask: Node::infinite_outputs_by_design) is checked for NaN only. Each check
+// reads the tensor back to the host: a tool for finding where a loss went NaN, not for training
+// speed. Off by default; the setting is process-wide.
 #pragma once
 
 #include <vector>

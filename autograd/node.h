@@ -114,6 +114,9 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> output_hooks;
   uint64_t sequence_nr;  // creation order: later nodes run first in backward
   bool released = false;
+  // Set by an op whose infinities come from its own arguments, not from overflow (masked_fill with
+  // an infinite value: attention's causal mask): anomaly detection then looks for NaN only.
+  bool infinite_outputs_by_design = false;
   bool has_stream = false;
   cuda::Stream stream;  // the stream the forward ran on (CUDA inputs); backward runs there
   // The module scope open when the forward recorded this node (an interned path, see

@@ -1,8 +1,10 @@
 // where / masked_fill: validation, the select forward, and backward through the
 // same select with a zero in place of the unselected side.
 #include "ops/where/where.h"
-#include "autograd/autocast.h"
 
+#include <cmath>
+
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/map.h"
@@ -89,6 +91,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
               select(self.saved_tensor("mask"), scalar_zero(g[0]), g[0], g[0].shape(), g[0].dtype())};
         });
     node->save("mask", mask);
+    node->infinite_outputs_by_design = std::isinf(value);  // a mask's -inf is not an overflow
     autograd::record(node, {x}, {out});
   }
   return out;

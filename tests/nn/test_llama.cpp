@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "autograd/anomaly.h"
 #include "autograd/autocast.h"
 #include "core/safetensors.h"
 #include "ops/nn/fp8_base.h"
@@ -223,6 +224,23 @@ TEST(Llama, CudaCheckpointedLayersGiveTheSameLossAndGradientsUnderAutocast) {
   MT_SKIP_WITHOUT_CUDA();
   expect_checkpointing_changes_nothing(Device("cuda"), /*autocast=*/true, 1e-2);
 }
+// Anomaly detection through a whole causal model on the CPU, whose attention masks with -inf, and
+// through its checkpointed LoRA layers, whose recomputation then computes every output.
+TEST(Llama, AnomalyDetectionPassesAFiniteTrainingStep) {
+  Generator init(3);
+  Llama model(tiny_llama_config(), &init);
+  apply_lora(model, lora_test::lora_options(4, 8, {"q_proj", "v_proj", "down_proj"}));
+  lora_test::randomize_b(model);
+  model.set_checkpointing("blocks");
+  Generator data(4);
+  const Tensor ids = uniform({2, 12}, 0, 37, {}, &data).to(DType::i64);
+  AnomalyGuard anomaly;
+  Tensor loss = model.loss(ids.slice(1, 0, 11), ids.slice(1, 1, 12));
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  for (const Tensor& p : model.trainable_parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
 TEST(Llama, CheckpointedLoraLayersGiveTheSameLossAndAdapterGradients) {
   expect_checkpointing_changes_nothing(kCPU, /*autocast=*/false, 0.0, Base::lora);
   expect_checkpointing_changes_nothing(kCPU, /*autocast=*/false, 0.0, Base::lora_fp8);
