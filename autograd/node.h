@@ -59,7 +59,6 @@ class SavedTensor {
     producer_.reset();
   }
   bool defined() const { return data_.defined() || rebuild_; }
-  bool is_rebuilt() const { return rebuild_; }  // saved as its producer's recipe
 
  private:
   Tensor data_;

@@ -99,12 +99,12 @@ int64_t head_bytes(const nn::LlamaConfig& c, const TrainingShape& shape, int64_t
          weight_gradient;
 }
 
-// Layers recomputed under `checkpointing` (nn::Llama::set_checkpointing's modes).
-int64_t recomputed_layers(int64_t layers, const std::string& checkpointing) {
+// `checkpointing` parsed as one of nn::Llama::set_checkpointing's modes.
+nn::GPTCheckpointing llama_checkpointing(const std::string& checkpointing) {
   const nn::GPTCheckpointing parsed = nn::GPTCheckpointing::parse(checkpointing);
   MT_CHECK(parsed.mode != nn::GPTCheckpointing::Mode::selective,
            "memory plan: checkpointing 'selective' is not a Llama mode (off, blocks, blocks:K, layers:N)");
-  return parsed.recomputed(layers);
+  return parsed;
 }
 
 std::string gib(int64_t bytes) {
@@ -130,10 +130,10 @@ MemoryEstimate estimate_training_memory(const nn::LlamaConfig& config, const Tra
   const int64_t tokens = shape.batch * shape.seq_len, layers = config.num_hidden_layers;
   MemoryEstimate e;
   e.checkpointing = checkpointing;
-  e.recomputed_layers = recomputed_layers(layers, checkpointing);
+  const nn::GPTCheckpointing parsed = llama_checkpointing(checkpointing);
+  e.recomputed_layers = parsed.recomputed(layers);
   e.weights = weight_bytes(config, shape);
   e.trainable = trainable_bytes(config, shape);
-  const nn::GPTCheckpointing parsed = nn::GPTCheckpointing::parse(checkpointing);
   const bool checkpointed = parsed.mode != nn::GPTCheckpointing::Mode::off;
   const int64_t full_layer = layer_bytes_per_token(config, shape, checkpointed) * tokens;
   e.activations = (layers - e.recomputed_layers) * full_layer + e.recomputed_layers * 4 * config.hidden_size * tokens;

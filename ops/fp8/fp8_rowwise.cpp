@@ -268,8 +268,9 @@ Tensor fp8_rowwise_linear(const Tensor& x_in, const Tensor& weight_q, const Tens
 
 Tensor fp8_lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_q, const Tensor& weight_scale_inv,
                        const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in, double scale,
-                       OutputValues values) {
+                       OutputValues requested) {
   const char* op = "fp8_lora_linear";
+  const OutputValues values = ops::values_to_write(requested);
   // x and h as any op's inputs; the parameters' copies recorded as nothing (as lora_linear's).
   const std::vector<Tensor> cast = autocast::cast_inputs(op, {x_in, h_in});
   const std::vector<Tensor> copies = autocast::operand_copies(op, {bias_in, a_in, b_in});

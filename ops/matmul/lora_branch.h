@@ -14,13 +14,17 @@ namespace mt::ops {
 Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b, double scale,
                            DType dtype, OutputValues values);
 
-// Saves on `node` what the branch's gradients read, only for those wanted: t for dB, h for dA,
-// B for dA and dh (both go through dt = scale dy B), A for dh. want_h: dh is wanted, returned or
-// added into x's gradient (LoraBranchWanted::h_into).
-
 // Whether a LoRA op's adapter reads its base's input itself (no dropout): the op then records h
 // as no input of its own and adds dh into dx (LoraBranchWanted::h_into).
 inline bool adapter_reads_x(const Tensor& x, const Tensor& h) { return x.impl_ptr() == h.impl_ptr(); }
+
+// What a LoRA op writes when asked for `values`: an unread output is computed all the same under
+// anomaly detection, which reads every output recorded.
+OutputValues values_to_write(OutputValues values);
+
+// Saves on `node` what the branch's gradients read, only for those wanted: t for dB, h for dA,
+// B for dA and dh (both go through dt = scale dy B), A for dh. want_h: dh is wanted, returned or
+// added into x's gradient (LoraBranchWanted::h_into).
 void save_lora_branch(autograd::LambdaNode& node, const Tensor& t, const Tensor& h, const Tensor& lora_a,
                       const Tensor& lora_b, bool want_h, bool want_a, bool want_b);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "autograd/anomaly.h"
 #include "autograd/function.h"
 #include "ops/common.h"
 #include "ops/elementwise/elementwise.h"
@@ -594,6 +595,8 @@ Tensor linear_gelu_forward(const Tensor& h, const LinearOperands& o, DType dtype
 
 namespace ops {
 
+OutputValues values_to_write(OutputValues values) { return detect_anomaly_enabled() ? OutputValues::computed : values; }
+
 Tensor lora_branch_forward(const Tensor& out, const Tensor& h, const Tensor& lora_a, const Tensor& lora_b, double scale,
                            DType dtype, OutputValues values) {
   const int64_t p = out.size(0), in = lora_a.size(1), r = lora_a.size(0);
@@ -663,7 +666,8 @@ LoraBranchGrads lora_branch_backward(const Tensor& dy, const LambdaNode& self, c
 
 }  // namespace ops
 
-Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, OutputValues values) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, OutputValues requested) {
+  const OutputValues values = ops::values_to_write(requested);
   const LinearOperands o = linear_operands("linear", x_in, weight_in, bias_in);
   const DType dtype = check_linear("linear", o.x, o.w, o.b);
   const int64_t in = o.w.size(1), out_features = o.w.size(0);
@@ -791,7 +795,8 @@ Tensor lora_input_grad(const Tensor& dy, const Tensor& weight, const Tensor& hel
 }  // namespace
 
 Tensor lora_linear(const Tensor& x_in, const Tensor& h_in, const Tensor& weight_in, const Tensor& bias_in,
-                   const Tensor& a_in, const Tensor& b_in, double scale, OutputValues values) {
+                   const Tensor& a_in, const Tensor& b_in, double scale, OutputValues requested) {
+  const OutputValues values = ops::values_to_write(requested);
   // x and h as any op's inputs; the parameters' copies recorded as nothing (LinearOperands).
   const std::vector<Tensor> cast = autocast::cast_inputs("lora_linear", {x_in, h_in});
   const std::vector<Tensor> copies = autocast::operand_copies("lora_linear", {weight_in, bias_in, a_in, b_in});

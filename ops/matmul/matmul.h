@@ -28,7 +28,8 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // Whether an op writes its output (computed), or only records itself for backward, its output
 // allocated and left unwritten (unread): for a checkpointed segment's recomputation whose output
 // no op reads (mt::in_recomputation, autograd/checkpoint.h). Only ops whose backward never reads
-// their own output take it; their gradients are the same either way.
+// their own output take it; their gradients are the same either way. Under anomaly detection,
+// which reads every recorded output, they compute it all the same.
 enum class OutputValues { computed, unread };
 
 // y = x W^T + b.
